@@ -1,0 +1,51 @@
+"""The Backend protocol: the array module and the handful of ops the models need.
+
+Models call only this protocol, so a model file is written once for every backend.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+
+Array = Any
+"""A backend array (numpy.ndarray on cpu, cupy.ndarray on cuda, mlx.core.array on metal)."""
+
+
+class Backend(Protocol):
+    """The ops a model needs, over the backend's own array type."""
+
+    name: str
+    """Backend name as profiles spell it: cpu, cuda, metal."""
+    xp: ModuleType
+    """The numpy-compatible array module the backend computes with."""
+
+    def upload(self, array: np.ndarray) -> Array:
+        """Copy a host float32 array to the device in the backend's compute dtype, contiguous."""
+        ...
+
+    def to_host(self, array: Array) -> np.ndarray:
+        """Copy a device array back to a float32 numpy array."""
+        ...
+
+    def zeros(self, shape: tuple[int, ...]) -> Array:
+        """A zero-filled array in the compute dtype (lazily committed where the platform allows)."""
+        ...
+
+    def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
+        """Root-mean-square normalisation over the last axis, scaled by `weight`."""
+        ...
+
+    def rope(self, x: Array, cos: Array, sin: Array) -> Array:
+        """Rotate half-split pairs (i, i + d/2) of every head: x [T, heads, d], cos/sin [T, d/2]."""
+        ...
+
+    def silu_mul(self, gate_up: Array, width: int) -> Array:
+        """SwiGLU: silu(gate) * up for gate_up = [gate | up] along the last axis, each `width` wide."""
+        ...
+
+    def softmax_(self, scores: Array) -> Array:
+        """Softmax over the last axis, in place where possible; -inf entries get probability 0."""
+        ...

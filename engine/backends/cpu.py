@@ -1,0 +1,67 @@
+"""The numpy backend: float32 everywhere, matmuls through BLAS."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+
+class CpuBackend:
+    """Numpy implementation of the Backend protocol (float32)."""
+
+    name = "cpu"
+    xp: ModuleType = np
+
+    def upload(self, array: np.ndarray) -> np.ndarray:
+        """Contiguous float32 copy (no copy when it already is one)."""
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+    def to_host(self, array: np.ndarray) -> np.ndarray:
+        """Already on the host."""
+        return array
+
+    def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+        """np.zeros maps fresh zero pages, so untouched cache memory costs no RSS."""
+        return np.zeros(shape, dtype=np.float32)
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        """x / sqrt(mean(x^2) + eps) * weight, in float32 as Hugging Face computes it."""
+        mean_square = np.einsum("ij,ij->i", x, x) / np.float32(x.shape[-1])
+        scale = 1.0 / np.sqrt(mean_square + np.float32(eps))
+        out = x * scale[:, None]
+        out *= weight
+        return out
+
+    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """Half-split rotation of each head; returns a new array."""
+        half = x.shape[-1] // 2
+        x0 = x[..., :half]
+        x1 = x[..., half:]
+        c = cos[:, None, :]
+        s = sin[:, None, :]
+        out = np.empty_like(x)
+        np.multiply(x0, c, out=out[..., :half])
+        out[..., :half] -= x1 * s
+        np.multiply(x1, c, out=out[..., half:])
+        out[..., half:] += x0 * s
+        return out
+
+    def silu_mul(self, gate_up: np.ndarray, width: int) -> np.ndarray:
+        """silu(gate) * up, computed into the gate half of `gate_up` (which it overwrites)."""
+        gate = gate_up[:, :width]
+        up = gate_up[:, width:]
+        # silu(g) = g * sigmoid(g) = g / (1 + exp(-g)); overflow of exp(-g) to inf gives the right 0.
+        with np.errstate(over="ignore"):
+            denom = np.exp(-gate)
+        denom += 1.0
+        np.divide(gate, denom, out=gate)
+        gate *= up
+        return gate
+
+    def softmax_(self, scores: np.ndarray) -> np.ndarray:
+        """In-place softmax over the last axis."""
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        return scores

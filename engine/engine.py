@@ -1,0 +1,315 @@
+"""The Engine: submit(request) -> a stream of events, produced by one step loop for every mode.
+
+Each step is schedule -> execute -> update: the scheduler picks decode rows and prefill chunks,
+the model runs them as one ragged batch, and each sequence samples, detokenizes and emits its
+events. Greedy or sampled, alone or batched, on any backend, every request goes through here.
+A step that fails ends only the requests it belongs to, with finish_reason "error", a message
+naming the step, and every token produced before it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from infer.engine.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
+from infer.engine.models.llama import ForwardBatch, LlamaModel, Segment
+from infer.engine.output import OutputProcessor
+from infer.engine.request import FaultHook, Request, RequestError
+from infer.engine.sampling import SequenceSampler, resolve_seed
+from infer.engine.scheduler import Phase, ScheduledWork, Scheduler, SchedulerLimits
+from infer.engine.sequence import Sequence
+from infer.engine.stream import Completion, RequestStream
+from infer.engine.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine limits (from the resolved settings)."""
+
+    ctx_size: int = 4096
+    """Positions per sequence; a prompt must be shorter, generation stops with `length` at the end."""
+    max_num_seqs: int = 16
+    """Sequences holding a KV slot at once; more requests queue."""
+    max_batched_tokens: int = 2048
+    """Rows in one forward pass."""
+    batch_size: int = 512
+    """Largest prefill chunk of one sequence per step."""
+    fault_hook: FaultHook | None = None
+    """Test-only failure injection (see request.FaultHook)."""
+
+
+class Engine:
+    """Owns the model, the KV cache and the scheduler; turns requests into event streams."""
+
+    def __init__(
+        self, model: LlamaModel, tokenizer: Tokenizer, config: EngineConfig, *, load_seconds: float = 0.0
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.load_seconds = load_seconds
+        self.cache = model.make_cache(config.max_num_seqs, config.ctx_size)
+        self.scheduler = Scheduler(
+            SchedulerLimits(config.max_num_seqs, config.max_batched_tokens, config.batch_size), self.cache
+        )
+        self.steps = 0
+        """Engine steps run so far."""
+        self._incoming: deque[Sequence] = deque()
+        self._incoming_lock = threading.Lock()
+        self._step_lock = threading.RLock()
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- submitting ----------------------------------------------------------------------------
+    def validate(self, request: Request) -> None:
+        """Raise RequestError when the engine could never run `request`."""
+        prompt = len(request.prompt_ids)
+        if prompt >= self.config.ctx_size:
+            raise RequestError(
+                f"the prompt has {prompt} tokens but the context holds {self.config.ctx_size} "
+                "(prompt plus at least one generated token); shorten it or raise ctx_size",
+                "prompt",
+            )
+        vocab = self.model.vocab_size
+        bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", "prompt")
+
+    def submit(self, request: Request) -> RequestStream:
+        """Queue a request and return its event stream (raises RequestError for an impossible one)."""
+        self.validate(request)
+        seed = resolve_seed(request.sampling.seed)
+        stop_ids = () if request.ignore_eos else self.tokenizer.stop_ids
+        sampler = SequenceSampler(
+            request.sampling,
+            seed=seed,
+            vocab_size=self.model.vocab_size,
+            prompt_ids=request.prompt_ids,
+            token_texts=self.tokenizer.token_texts() if request.sampling.dry_multiplier > 0 else None,
+            eos_ids=self.tokenizer.stop_ids,
+        )
+        output = OutputProcessor(
+            self.tokenizer,
+            stop=request.stop,
+            stop_ids=stop_ids,
+            skip_special=request.skip_special,
+            prompt_ids=request.prompt_ids,
+        )
+        stream = RequestStream(request.request_id, self.step, self._background_running)
+        sequence = Sequence(request, stream, sampler, output, seed)
+        with self._incoming_lock:
+            self._incoming.append(sequence)
+        self._wakeup.set()
+        return stream
+
+    def generate(self, request: Request) -> Completion:
+        """Submit and wait for the whole completion."""
+        return self.submit(request).result()
+
+    # -- the step loop -------------------------------------------------------------------------
+    @property
+    def active_sequences(self) -> int:
+        """Sequences queued or holding a KV slot (0 when idle)."""
+        with self._incoming_lock:
+            incoming = len(self._incoming)
+        return incoming + len(self.scheduler.running) + len(self.scheduler.waiting)
+
+    def step(self) -> bool:
+        """Run one engine step; False when there was nothing to do."""
+        with self._step_lock:
+            with self._incoming_lock:
+                while self._incoming:
+                    self.scheduler.add(self._incoming.popleft())
+            for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                if seq.stream.cancel_requested:
+                    self._finish(seq, "cancelled")
+            work = self.scheduler.schedule()
+            if not work:
+                return False
+            self.steps += 1
+            now = time.perf_counter()
+            runnable: list[ScheduledWork] = []
+            for item in work:
+                seq = item.sequence
+                if seq.scheduled_at is None:
+                    seq.scheduled_at = now
+                if self._run_fault_hook(seq):
+                    runnable.append(item)
+            logits = self._execute(runnable)
+            for item in runnable:
+                if item.sequence.phase is not Phase.FINISHED:
+                    self._update(item, logits.get(id(item.sequence)))
+            return True
+
+    def _run_fault_hook(self, seq: Sequence) -> bool:
+        hook = self.config.fault_hook
+        if hook is None:
+            return True
+        phase, index = seq.step_label()
+        try:
+            hook(seq.request.request_id, phase, index)
+        except Exception as exc:
+            self._fail(seq, exc)
+            return False
+        return True
+
+    def _forward(self, work: list[ScheduledWork]) -> dict[int, np.ndarray]:
+        rows: list[int] = []
+        segments: list[Segment] = []
+        logit_rows: list[int] = []
+        owners: list[int] = []
+        for item in work:
+            assert item.sequence.slot is not None
+            segments.append(Segment(item.sequence.slot, item.start, len(item.tokens)))
+            rows.extend(item.tokens)
+            if item.needs_logits:
+                logit_rows.append(len(rows) - 1)
+                owners.append(id(item.sequence))
+        batch = ForwardBatch(
+            np.asarray(rows, dtype=np.int64), tuple(segments), np.asarray(logit_rows, dtype=np.int64)
+        )
+        logits = self.model.forward(batch, self.cache)
+        return {owner: logits[i] for i, owner in enumerate(owners)}
+
+    def _execute(self, work: list[ScheduledWork]) -> dict[int, np.ndarray]:
+        """One forward for the whole batch; if it fails, rerun each sequence alone so only the
+        sequence whose step really fails is ended (each rerun rewrites the same cache positions)."""
+        if not work:
+            return {}
+        try:
+            return self._forward(work)
+        except Exception as exc:
+            if len(work) == 1:
+                self._fail(work[0].sequence, exc)
+                return {}
+        logits: dict[int, np.ndarray] = {}
+        for item in work:
+            try:
+                logits |= self._forward([item])
+            except Exception as exc:
+                self._fail(item.sequence, exc)
+        return logits
+
+    def _update(self, item: ScheduledWork, logits: np.ndarray | None) -> None:
+        seq = item.sequence
+        seq.num_cached = item.start + len(item.tokens)
+        assert seq.slot is not None
+        self.cache.lengths[seq.slot] = seq.num_cached
+        if seq.phase is Phase.PREFILL:
+            seq.prefill_chunks += 1
+        if not item.needs_logits:
+            return
+        assert logits is not None
+        seq.phase = Phase.DECODE
+        position = len(seq.generated)
+        try:
+            sampled = seq.sampler.sample(logits, position)
+        except Exception as exc:
+            self._fail(seq, exc, "sampling")
+            return
+        seq.sampler.accept(sampled.token_id)
+        seq.generated.append(sampled.token_id)
+        if seq.first_token_at is None:
+            seq.first_token_at = time.perf_counter()
+        out = seq.output.add(sampled.token_id)
+        reason = out.finish_reason
+        if reason is None:
+            limit = seq.request.max_tokens
+            if (limit is not None and len(seq.generated) >= limit) or (
+                len(seq.prompt_ids) + len(seq.generated) >= self.config.ctx_size
+            ):
+                reason = "length"
+        text = out.text + (seq.output.finish() if reason == "length" else "")
+        seq.stream.push(
+            TokenEvent(
+                seq.request.request_id,
+                position,
+                sampled.token_id,
+                text,
+                sampled.logprob,
+                sampled.top_logprobs,
+                self.steps,
+            )
+        )
+        if reason is not None:
+            self._finish(seq, reason)
+
+    def _fail(self, seq: Sequence, exc: BaseException, where: str | None = None) -> None:
+        phase, index = seq.step_label()
+        label = where or (f"prefill chunk {index}" if phase == "prefill" else f"decode step {index}")
+        message = f"{label} failed after {len(seq.generated)} tokens: {type(exc).__name__}: {exc}"
+        self._finish(seq, "error", message)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+        self.scheduler.remove(seq)
+        end = time.perf_counter()
+        first = seq.first_token_at
+        scheduled = seq.scheduled_at
+        timings = Timings(
+            queue_s=(scheduled - seq.submitted_at) if scheduled else end - seq.submitted_at,
+            prefill_s=(first - scheduled) if first and scheduled else 0.0,
+            decode_s=(end - first) if first else 0.0,
+            ttft_s=(first - seq.submitted_at) if first else 0.0,
+        )
+        seq.stream.push(
+            DoneEvent(
+                seq.request.request_id,
+                reason,
+                error,
+                Usage(len(seq.prompt_ids), len(seq.generated)),
+                timings,
+                seq.seed,
+                tuple(seq.generated),
+                seq.output.text,
+            )
+        )
+
+    # -- background loop (server) --------------------------------------------------------------
+    def _background_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Run the step loop in a background thread (the server's mode); idempotent."""
+        if self._background_running():
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="infer-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            if not self.step():
+                self._wakeup.wait(0.05)
+                self._wakeup.clear()
+
+    def shutdown(self, *, cancel: bool = True, timeout: float = 30.0) -> None:
+        """Stop the background loop, cancelling (or first finishing) every request in flight."""
+        if cancel:
+            for seq in [*self.scheduler.running, *self.scheduler.waiting, *list(self._incoming)]:
+                seq.stream.cancel()
+        deadline = time.monotonic() + timeout
+        while self.active_sequences and time.monotonic() < deadline and self._background_running():
+            time.sleep(0.01)
+        self._stopping = True
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+def load_engine(model_path: Path | str, config: EngineConfig, backend_name: str = "cpu") -> Engine:
+    """Load a checkpoint onto a backend and wrap it in an Engine."""
+    from infer.engine.backends import create_backend
+    from infer.engine.loader import load_checkpoint
+
+    started = time.perf_counter()
+    checkpoint = load_checkpoint(model_path)
+    model = LlamaModel(checkpoint, create_backend(backend_name))
+    return Engine(model, checkpoint.tokenizer, config, load_seconds=time.perf_counter() - started)

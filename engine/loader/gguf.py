@@ -1,0 +1,142 @@
+"""GGUF files through the `gguf` package: memory-mapped, dequantized once to float32."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from infer.engine.loader.checkpoint import Checkpoint, ModelConfig, check_weights
+from infer.engine.loader.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+SUPPORTED_TYPES = frozenset(
+    GGMLQuantizationType[name]
+    for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+)
+
+# GGUF tensor names -> Hugging Face names (blk.N.* handled by the per-layer table).
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def open_reader(path: Path) -> GGUFReader:
+    """Open a GGUF file, turning every failure into a ModelLoadError that names the file."""
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    try:
+        return GGUFReader(path)
+    except Exception as exc:  # the gguf package raises bare ValueError/IndexError on truncation
+        raise ModelLoadError(f"{path}: corrupt or truncated GGUF ({type(exc).__name__}: {exc})") from None
+
+
+def read_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """All key/value fields as plain Python values."""
+    return {key: field.contents() for key, field in reader.fields.items()}
+
+
+def _config_from_metadata(meta: dict[str, Any], path: Path, has_output: bool) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{path}: unsupported architecture {arch!r} (general.architecture); "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+
+    def need(key: str) -> Any:
+        full = f"{arch}.{key}"
+        if full not in meta:
+            raise ModelLoadError(f"{path}: missing metadata field {full}")
+        return meta[full]
+
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    rope_scaling: dict[str, Any] = {}
+    scaling_type = meta.get(f"{arch}.rope.scaling.type")
+    if scaling_type == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_hidden_layers=int(need("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+        tie_word_embeddings=not has_output,
+        attention_bias=False,
+        # llama.cpp's converter permutes llama-family q/k into pairwise (interleaved) RoPE; qwen2 keeps neox.
+        rope_layout="half" if arch == "qwen2" else "interleaved",
+        rope_scaling=rope_scaling,
+    )
+
+
+def load_gguf(path: Path) -> Checkpoint:
+    """Read a GGUF file into a float32 Checkpoint (weights dequantized once, HF names)."""
+    from infer.engine.tokenizer import Tokenizer, TokenizerError
+
+    reader = open_reader(path)
+    meta = read_metadata(reader)
+    weights: dict[str, np.ndarray] = {}
+    freq_factors: np.ndarray | None = None
+    for tensor in reader.tensors:
+        if tensor.tensor_type not in SUPPORTED_TYPES:
+            raise ModelLoadError(
+                f"{path}: tensor {tensor.name} has unsupported quant type {tensor.tensor_type.name}"
+            )
+        try:
+            array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        except Exception as exc:
+            raise ModelLoadError(f"{path}: cannot read tensor {tensor.name}: {exc}") from None
+        if tensor.name == "rope_freqs.weight":
+            freq_factors = array
+            continue
+        name = _GLOBAL_NAMES.get(tensor.name)
+        if name is None and (match := _LAYER_RE.match(tensor.name)):
+            suffix = _LAYER_NAMES.get(match.group(2))
+            name = f"model.layers.{match.group(1)}.{suffix}" if suffix else None
+        if name is not None:
+            weights[name] = array
+    config = _config_from_metadata(meta, path, has_output="lm_head.weight" in weights)
+    if "model.layers.0.self_attn.q_proj.bias" in weights:
+        config = ModelConfig(**{**config.__dict__, "attention_bias": True})
+    check_weights(config, weights, str(path))
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(meta)
+    except TokenizerError as exc:
+        raise ModelLoadError(f"{path}: {exc}") from None
+    return Checkpoint(config, weights, tokenizer, str(path), freq_factors)

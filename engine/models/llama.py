@@ -1,0 +1,268 @@
+"""The llama family (Llama 2/3, SmolLM2, Mistral, Qwen2) written once against the Backend protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from infer.engine.backends.base import Array, Backend
+from infer.engine.kv_cache import KVCache
+from infer.engine.loader.checkpoint import Checkpoint, ModelConfig
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of consecutive batch rows that belong to one sequence."""
+
+    slot: int
+    """KV-cache slot of the sequence."""
+    start: int
+    """Position of the segment's first token (= tokens already in the cache)."""
+    length: int
+    """Number of tokens (rows) in the segment."""
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """One ragged step: every sequence's new tokens, concatenated in segment order."""
+
+    token_ids: np.ndarray
+    """int64 [rows]."""
+    segments: tuple[Segment, ...]
+    logit_rows: np.ndarray
+    """Rows whose logits the caller needs (int64); the vocabulary projection runs only for these."""
+
+
+def inverse_frequencies(config: ModelConfig, freq_factors: np.ndarray | None) -> np.ndarray:
+    """RoPE inverse frequencies (float64) with llama3 / linear scaling applied."""
+    dim = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    scaling = config.rope_scaling
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if freq_factors is not None:
+        inv = inv / freq_factors.astype(np.float64)
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        original = float(scaling.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * np.pi / inv
+        low_wavelen, high_wavelen = original / low, original / high
+        smooth = (original / wavelen - low) / (high - low)
+        scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+        mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+        inv = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif kind == "linear":
+        inv = inv / float(scaling["factor"])
+    return inv
+
+
+def interleaved_to_half(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Reorder each head's output rows from pairwise (0,1),(2,3).. RoPE pairs to half-split (i, i+d/2).
+
+    Attention only uses q.k dot products, so applying the same permutation to q and k leaves the
+    scores unchanged while letting one contiguous half-split RoPE serve every layout.
+    """
+    rows = weight.shape[0]
+    head_dim = rows // heads
+    rest = weight.shape[1:]
+    return weight.reshape(heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
+
+
+@dataclass
+class _Layer:
+    attn_norm: Array
+    qkv: Array  # [hidden, q + 2 kv] (input-major so x @ w needs no transpose)
+    qkv_bias: Array | None
+    out: Array  # [q, hidden]
+    mlp_norm: Array
+    gate_up: Array  # [hidden, 2 * intermediate]
+    down: Array  # [intermediate, hidden]
+
+
+class LlamaModel:
+    """Decoder-only llama-family transformer over a ragged batch and a slot-based KV cache."""
+
+    def __init__(self, checkpoint: Checkpoint, backend: Backend) -> None:
+        self.config = config = checkpoint.config
+        self.backend = backend
+        weights = checkpoint.weights
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+
+        def q_k_rows(name: str, count: int) -> np.ndarray:
+            w = weights.pop(name)
+            return interleaved_to_half(w, count) if config.rope_layout == "interleaved" else w
+
+        self.layers: list[_Layer] = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            q = q_k_rows(p + "self_attn.q_proj.weight", heads)
+            k = q_k_rows(p + "self_attn.k_proj.weight", kv_heads)
+            v = weights.pop(p + "self_attn.v_proj.weight")
+            bias = None
+            if config.attention_bias:
+                qb = q_k_rows(p + "self_attn.q_proj.bias", heads)
+                kb = q_k_rows(p + "self_attn.k_proj.bias", kv_heads)
+                bias = backend.upload(np.concatenate([qb, kb, weights.pop(p + "self_attn.v_proj.bias")]))
+            gate = weights.pop(p + "mlp.gate_proj.weight")
+            up = weights.pop(p + "mlp.up_proj.weight")
+            self.layers.append(
+                _Layer(
+                    attn_norm=backend.upload(weights.pop(p + "input_layernorm.weight")),
+                    qkv=backend.upload(np.concatenate([q, k, v]).T),
+                    qkv_bias=bias,
+                    out=backend.upload(weights.pop(p + "self_attn.o_proj.weight").T),
+                    mlp_norm=backend.upload(weights.pop(p + "post_attention_layernorm.weight")),
+                    gate_up=backend.upload(np.concatenate([gate, up]).T),
+                    down=backend.upload(weights.pop(p + "mlp.down_proj.weight").T),
+                )
+            )
+        self.embed = backend.upload(weights["model.embed_tokens.weight"])
+        # [vocab, hidden]: logits = h @ lm_head.T, which BLAS reads transposed without a copy.
+        self.lm_head = (
+            self.embed if config.tie_word_embeddings else backend.upload(weights["lm_head.weight"])
+        )
+        self.final_norm = backend.upload(weights["model.norm.weight"])
+        self._inv_freq = inverse_frequencies(config, checkpoint.rope_freq_factors)
+        self._cos = np.zeros((0, config.head_dim // 2), dtype=np.float32)
+        self._sin = self._cos
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output projection."""
+        return int(self.lm_head.shape[0])
+
+    def make_cache(self, slots: int, capacity: int) -> KVCache:
+        """A KV cache for `slots` sequences of up to `capacity` tokens."""
+        c = self.config
+        return KVCache.allocate(
+            self.backend, c.num_hidden_layers, slots, c.num_key_value_heads, capacity, c.head_dim
+        )
+
+    def _rope_tables(self, positions: np.ndarray) -> tuple[Array, Array]:
+        needed = int(positions.max()) + 1
+        if needed > self._cos.shape[0]:
+            size = max(needed, 2 * self._cos.shape[0], 256)
+            angles = np.outer(np.arange(size, dtype=np.float64), self._inv_freq)
+            self._cos = np.cos(angles).astype(np.float32)
+            self._sin = np.sin(angles).astype(np.float32)
+        xp = self.backend.xp
+        return xp.asarray(self._cos[positions]), xp.asarray(self._sin[positions])
+
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
+        """Run every row of `batch`, write its keys/values into `cache`, return logits [logit_rows, vocab].
+
+        The caller updates `cache.lengths` afterwards; reads here use each segment's `start`.
+        """
+        backend, c = self.backend, self.config
+        xp = backend.xp
+        rows = batch.token_ids.shape[0]
+        positions = np.concatenate([np.arange(s.start, s.start + s.length) for s in batch.segments])
+        slots_per_row = np.repeat([s.slot for s in batch.segments], [s.length for s in batch.segments])
+        cos, sin = self._rope_tables(positions)
+        heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        plan = _AttentionPlan.build(batch.segments)
+
+        hidden = self.embed[xp.asarray(batch.token_ids)]
+        for index, layer in enumerate(self.layers):
+            normed = backend.rms_norm(hidden, layer.attn_norm, c.rms_norm_eps)
+            qkv = normed @ layer.qkv
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            q = backend.rope(qkv[:, :q_width].reshape(rows, heads, head_dim), cos, sin)
+            k = backend.rope(qkv[:, q_width : q_width + kv_width].reshape(rows, kv_heads, head_dim), cos, sin)
+            v = qkv[:, q_width + kv_width :].reshape(rows, kv_heads, head_dim)
+            layer_keys, layer_values = cache.keys[index], cache.values[index]
+            layer_keys[slots_per_row, :, positions, :] = k
+            layer_values[slots_per_row, :, positions, :] = v
+            attn = self._attention(q, layer_keys, layer_values, plan)
+            hidden += attn.reshape(rows, q_width) @ layer.out
+            normed = backend.rms_norm(hidden, layer.mlp_norm, c.rms_norm_eps)
+            hidden += backend.silu_mul(normed @ layer.gate_up, c.intermediate_size) @ layer.down
+
+        last = backend.rms_norm(hidden[xp.asarray(batch.logit_rows)], self.final_norm, c.rms_norm_eps)
+        return backend.to_host(last @ self.lm_head.T)
+
+    def _attention(self, q: Array, keys: Array, values: Array, plan: _AttentionPlan) -> Array:
+        """Grouped-query attention of every row against its own sequence's cached keys/values."""
+        xp = self.backend.xp
+        c = self.config
+        heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        group = heads // kv_heads
+        scale = np.float32(1.0 / np.sqrt(head_dim))
+        out = xp.empty_like(q)
+        if plan.decode_rows.size:
+            # Single-token rows of many sequences: one batched matmul over a dense run of slots.
+            lo, hi, width = plan.slot_lo, plan.slot_hi, plan.decode_width
+            dense_q = xp.zeros((hi - lo, kv_heads, group, head_dim), dtype=q.dtype)
+            dense_q[plan.decode_slots - lo] = q[plan.decode_rows].reshape(-1, kv_heads, group, head_dim)
+            scores = dense_q @ keys[lo:hi, :, :width].transpose(0, 1, 3, 2)
+            scores *= scale
+            scores += plan.decode_mask
+            self.backend.softmax_(scores)
+            dense_out = scores @ values[lo:hi, :, :width]
+            out[plan.decode_rows] = dense_out[plan.decode_slots - lo].reshape(-1, heads, head_dim)
+        for row, seg in plan.prefill:
+            total = seg.start + seg.length
+            seg_q = q[row : row + seg.length].reshape(seg.length, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+            scores = seg_q @ keys[seg.slot, :, :total].transpose(0, 2, 1)[:, None]
+            scores *= scale
+            scores += _causal_mask(seg.start, seg.length)
+            self.backend.softmax_(scores)
+            seg_out = scores @ values[seg.slot, :, :total][:, None]
+            out[row : row + seg.length] = seg_out.transpose(2, 0, 1, 3).reshape(seg.length, heads, head_dim)
+        return out
+
+
+def _causal_mask(start: int, length: int) -> np.ndarray:
+    """Additive mask [length, start + length]: row t sees positions <= start + t."""
+    cols = np.arange(start + length)
+    rows = np.arange(start, start + length)[:, None]
+    return np.where(cols <= rows, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class _AttentionPlan:
+    """How one batch's rows split into batched single-token rows and per-sequence prefill runs."""
+
+    decode_rows: np.ndarray
+    decode_slots: np.ndarray
+    slot_lo: int
+    slot_hi: int
+    decode_width: int
+    decode_mask: np.ndarray  # [slots, 1, 1, width] additive
+    prefill: tuple[tuple[int, Segment], ...]
+
+    @classmethod
+    def build(cls, segments: tuple[Segment, ...]) -> _AttentionPlan:
+        decode_rows, decode_slots, decode_lengths, prefill = [], [], [], []
+        row = 0
+        for seg in segments:
+            if seg.length == 1:
+                decode_rows.append(row)
+                decode_slots.append(seg.slot)
+                decode_lengths.append(seg.start + 1)
+            else:
+                prefill.append((row, seg))
+            row += seg.length
+        if not decode_rows:
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(empty, empty, 0, 0, 0, np.zeros((0, 1, 1, 0), np.float32), tuple(prefill))
+        slots = np.asarray(decode_slots, dtype=np.int64)
+        lo, hi = int(slots.min()), int(slots.max()) + 1
+        width = max(decode_lengths)
+        # Slots in [lo, hi) that hold no decode row keep a fully open mask over zeros; their
+        # output is discarded, so only valid positions of real rows matter.
+        lengths = np.full(hi - lo, width, dtype=np.int64)
+        lengths[slots - lo] = decode_lengths
+        mask = np.where(np.arange(width)[None, :] < lengths[:, None], np.float32(0.0), np.float32(-np.inf))
+        return cls(
+            np.asarray(decode_rows, dtype=np.int64),
+            slots,
+            lo,
+            hi,
+            width,
+            mask.astype(np.float32)[:, None, None, :],
+            tuple(prefill),
+        )

@@ -1,0 +1,55 @@
+"""What a caller asks the engine for."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from infer.engine.sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take (prompt too long, bad limits); `parameter` names the field."""
+
+    def __init__(self, message: str, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
+def new_request_id() -> str:
+    """A process-unique request id."""
+    return f"req-{next(_ids)}"
+
+
+@dataclass(frozen=True)
+class Request:
+    """Prompt ids plus how to continue them."""
+
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None
+    """Most tokens to generate; None = until a stop token or the end of the context."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends when the text contains one; the stop text is never emitted."""
+    ignore_eos: bool = False
+    """Keep generating past EOS/EOT (benchmarks, references)."""
+    skip_special: bool = True
+    """Special tokens render no text."""
+    request_id: str = field(default_factory=new_request_id)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise RequestError("the prompt is empty: at least one token is needed", "prompt")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens")
+        if any(not s for s in self.stop):
+            raise RequestError("stop strings must not be empty", "stop")
+
+
+FaultHook = Callable[[str, str, int], None]
+"""Test-only: called as (request_id, phase, index) before each step of a request, phase "prefill"
+(index = chunk number) or "decode" (index = decode step = number of tokens already generated);
+raising makes that step fail exactly as a real failure would."""
