@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,8 @@ class EngineConfig:
     """Engine limits (from the resolved settings)."""
 
     ctx_size: int = 4096
-    """Positions per sequence; a prompt must be shorter, generation stops with `length` at the end."""
+    """Positions per sequence (0 = the model's trained context); a prompt must be shorter, and
+    generation stops with `length` at the end."""
     max_num_seqs: int = 16
     """Sequences holding a KV slot at once; more requests queue."""
     max_batched_tokens: int = 2048
@@ -50,6 +51,8 @@ class Engine:
     def __init__(
         self, model: LlamaModel, tokenizer: Tokenizer, config: EngineConfig, *, load_seconds: float = 0.0
     ) -> None:
+        if config.ctx_size <= 0:  # 0 = the context the model was trained for
+            config = replace(config, ctx_size=model.config.max_position_embeddings)
         self.model = model
         self.tokenizer = tokenizer
         self.config = config

@@ -1,0 +1,44 @@
+"""Prompt text or chat messages -> prompt token ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infer.engine.chat import CHATML_TEMPLATE, render_chat
+from infer.engine.tokenizer import Tokenizer
+
+
+def chat_template_of(tokenizer: Tokenizer) -> str:
+    """The model's own chat template, or ChatML when it ships none."""
+    return tokenizer.chat_template or CHATML_TEMPLATE
+
+
+def render_messages(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> str:
+    """Render chat messages with the model's template, generation prompt on."""
+    bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
+    eos = tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else ""
+    return render_chat(chat_template_of(tokenizer), messages, bos_token=bos, eos_token=eos)
+
+
+def prompt_ids(
+    tokenizer: Tokenizer,
+    *,
+    prompt: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    chat: bool = False,
+    parse_special: bool = True,
+) -> list[int]:
+    """Token ids for a raw prompt, a prompt wrapped as one user message (`chat`), or chat messages.
+
+    Rendered chat text always parses its special tokens (the template writes them as text). A
+    template that already starts with the BOS text gets no second BOS.
+    """
+    if messages is None and chat:
+        messages = [{"role": "user", "content": prompt or ""}]
+    if messages is not None:
+        text = render_messages(tokenizer, messages)
+        ids = tokenizer.encode(text, parse_special=True, add_bos=False)
+        if tokenizer.add_bos and tokenizer.bos_id is not None and (not ids or ids[0] != tokenizer.bos_id):
+            ids.insert(0, tokenizer.bos_id)
+        return ids
+    return tokenizer.encode(prompt or "", parse_special=parse_special)

@@ -1,0 +1,420 @@
+"""Text <-> token ids, built with Hugging Face `tokenizers` from GGUF metadata or a `tokenizer.json`.
+
+Encoding is delegated to `tokenizers` (configured to match llama.cpp for GGUF files: the same
+pre-tokenizer regexes per `tokenizer.ggml.pre`, the same special-token splitting). Decoding does
+not go through `tokenizers`: every token is rendered once to its raw bytes, and text is those bytes
+joined and read as UTF-8. That makes `decode` and the incremental detokenizer
+(`infer.engine.detokenizer`) agree by construction, and gives samplers and grammars per-token bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from infer.engine.detokenizer import IncrementalDetokenizer
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+__all__ = ["IncrementalDetokenizer", "Tokenizer", "TokenizerError"]
+
+# GGUF token types (llama.cpp `llama_token_type`).
+_TYPE_NORMAL, _TYPE_UNKNOWN, _TYPE_CONTROL, _TYPE_USER_DEFINED, _TYPE_UNUSED, _TYPE_BYTE = 1, 2, 3, 4, 5, 6
+
+_SPM_SPACE = "▁"
+
+# Pre-tokenizer regexes from llama.cpp's llama-vocab.cpp, applied in order (each one splits the pieces
+# the previous one produced), keyed by `tokenizer.ggml.pre`. They must match llama.cpp's, not the
+# model's original tokenizer.json, because the reference outputs are llama.cpp's.
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_STARCODER = (r"\p{N}", _GPT2)
+_BLOOM = (r" ?[^(\s|.,!?…。，、।۔،)]+",)
+_PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
+    "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe"), (_LLAMA3,)
+    ),
+    **dict.fromkeys(("glm4", "chatglm-bpe"), (_LLAMA3,)),
+    **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "roberta-bpe"), (_GPT2,)),
+    **dict.fromkeys(
+        ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"), _STARCODER
+    ),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"), (_QWEN2,)),
+    "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"),
+    "deepseek-coder": (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"),
+    **dict.fromkeys(("poro-chat", "bloom", "gpt3-finnish"), _BLOOM),
+    "viking": (*_BLOOM, r"\p{N}"),
+}
+# llama.cpp matches whole pre-tokenized words against the vocabulary before merging for these.
+_IGNORE_MERGES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken"})
+# ... and defaults `add_bos` to true for these when the metadata does not say.
+_ADD_BOS_BY_DEFAULT = frozenset(
+    {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken", "chameleon"}
+)
+
+# End-of-generation texts llama.cpp recognises among special tokens even when the metadata only names
+# one EOS (SmolLM2's <|endoftext|> next to its <|im_end|> EOS, Llama 3's <|eot_id|>/<|eom_id|>...).
+_EOG_TEXTS = frozenset(
+    {
+        "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>",
+        "<|end_of_text|>", "</s>", "<EOT>", "_<EOT>", "<|return|>", "<|call|>", "<｜end▁of▁sentence｜>",
+    }
+)  # fmt: skip
+
+
+class TokenizerError(Exception):
+    """The tokenizer data (GGUF metadata or tokenizer files) is missing a field or is inconsistent."""
+
+
+def _byte_level_decoder_table() -> dict[str, int]:
+    """GPT-2's printable-character alphabet for bytes, inverted: character -> byte value."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+def _byte_level_bytes(token: str, table: dict[str, int]) -> bytes:
+    # A character outside the byte alphabet cannot come from byte-level BPE; keep it as UTF-8 text.
+    if all(ch in table for ch in token):
+        return bytes(table[ch] for ch in token)
+    return token.encode("utf-8")
+
+
+def _spm_bytes(token: str, token_type: int) -> bytes:
+    if token_type == _TYPE_BYTE and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        return bytes([int(token[3:5], 16)])
+    return token.replace(_SPM_SPACE, " ").encode("utf-8")
+
+
+def _field(
+    metadata: dict[str, Any], key: str, kind: type, default: Any = None, required: bool = False
+) -> Any:
+    value = metadata.get(key, default)
+    if value is None:
+        if required:
+            raise TokenizerError(f"GGUF metadata has no {key}")
+        return None
+    if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
+        raise TokenizerError(f"GGUF metadata {key} should be {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _token_id(metadata: dict[str, Any], key: str, vocab_size: int) -> int | None:
+    value = _field(metadata, key, int)
+    if value is None or value == -1 or value == 0xFFFFFFFF:  # llama.cpp writes "none" as -1
+        return None
+    if not 0 <= value < vocab_size:
+        raise TokenizerError(f"GGUF metadata {key}={value} is outside the vocabulary (size {vocab_size})")
+    return value
+
+
+def _spm_merges(tokens: list[str], token_types: list[int], scores: list[float]) -> list[tuple[str, str]]:
+    """Merges equivalent to SentencePiece BPE: joining two pieces into a higher-scored piece first."""
+    vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
+    candidates: list[tuple[float, int, int, int]] = []
+    for merged_id, merged in enumerate(tokens):
+        if token_types[merged_id] != _TYPE_NORMAL:
+            continue
+        for cut in range(1, len(merged)):
+            left, right = vocab.get(merged[:cut]), vocab.get(merged[cut:])
+            if left is not None and right is not None:
+                candidates.append((-scores[merged_id], merged_id, left, right))
+    candidates.sort()
+    return [(tokens[left], tokens[right]) for _, _, left, right in candidates]
+
+
+class Tokenizer:
+    """A model's tokenizer: `encode` text to ids, `decode` ids to text, per-token text for samplers.
+
+    Build one with `from_gguf_metadata` or `from_hf_files`. Instances are immutable after
+    construction and safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        hf: HFTokenizer,
+        token_bytes: list[bytes],
+        *,
+        bos_id: int | None,
+        eos_id: int | None,
+        eot_id: int | None,
+        special_ids: frozenset[int],
+        control_ids: frozenset[int],
+        extra_stop_ids: frozenset[int] = frozenset(),
+        add_bos: bool,
+        strip_leading_space: bool,
+        chat_template: str | None,
+    ) -> None:
+        """Low-level constructor; use `from_gguf_metadata` or `from_hf_files`."""
+        self._hf = hf
+        # A second copy that treats special-token text as plain text: `encode_special_tokens` is
+        # tokenizer state, and flipping it per call would race between threads.
+        self._hf_plain = HFTokenizer.from_str(hf.to_str())
+        self._hf_plain.encode_special_tokens = True
+        self._token_bytes = token_bytes
+        self.vocab_size: int = len(token_bytes)
+        """Number of token ids (the model's embedding rows may be more)."""
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.eot_id = eot_id
+        self.special_ids = special_ids
+        """Control and user-defined tokens (GGUF token types 3 and 4; added tokens in tokenizer.json)."""
+        self.control_ids = control_ids
+        """The special tokens that `skip_special` drops (control tokens; user-defined ones are text)."""
+        self.stop_ids: frozenset[int] = frozenset(
+            i for i in (eos_id, eot_id, *extra_stop_ids) if i is not None
+        ) | frozenset(i for i in special_ids if token_bytes[i].decode("utf-8", "replace") in _EOG_TEXTS)
+        """Generation stops on any of these: EOS, EOT and the end-of-turn tokens the vocabulary marks."""
+        self.add_bos = add_bos
+        self.strip_leading_space = strip_leading_space
+        """SentencePiece-style vocabularies: decoded text drops the space the encoder prefixed."""
+        self.chat_template = chat_template
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf_metadata(cls, metadata: dict[str, Any]) -> Tokenizer:
+        """Build from GGUF key/values: `gpt2` (byte-level BPE) or `llama` (SentencePiece BPE) vocabularies."""
+        model = _field(metadata, "tokenizer.ggml.model", str, required=True)
+        tokens = _field(metadata, "tokenizer.ggml.tokens", list, required=True)
+        if not tokens or not all(isinstance(t, str) for t in tokens):
+            raise TokenizerError("GGUF metadata tokenizer.ggml.tokens must be a non-empty list of strings")
+        n = len(tokens)
+        token_types = _field(metadata, "tokenizer.ggml.token_type", list, default=[_TYPE_NORMAL] * n)
+        if len(token_types) != n:
+            raise TokenizerError(
+                f"GGUF metadata tokenizer.ggml.token_type has {len(token_types)} entries, not {n}"
+            )
+        ids = {
+            name: _token_id(metadata, f"tokenizer.ggml.{name}_token_id", n)
+            for name in ("bos", "eos", "eot", "eom", "unknown")
+        }
+        special = frozenset(i for i, t in enumerate(token_types) if t in (_TYPE_CONTROL, _TYPE_USER_DEFINED))
+        control = frozenset(i for i, t in enumerate(token_types) if t == _TYPE_CONTROL)
+        vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # first id wins on duplicates
+
+        if model == "gpt2":
+            pre = _field(metadata, "tokenizer.ggml.pre", str, default="default") or "default"
+            if pre not in _PRE_TOKENIZER_REGEXES:
+                raise TokenizerError(
+                    f"GGUF metadata tokenizer.ggml.pre={pre!r} is not a supported pre-tokenizer"
+                )
+            raw_merges = _field(metadata, "tokenizer.ggml.merges", list, required=True)
+            merges = []
+            for entry in raw_merges:
+                # Split at the first space after the first character, as llama.cpp does.
+                cut = entry.find(" ", 1) if isinstance(entry, str) else -1
+                if cut < 0:
+                    raise TokenizerError(f"GGUF metadata tokenizer.ggml.merges has a bad entry {entry!r}")
+                merges.append((entry[:cut], entry[cut + 1 :]))
+            hf = HFTokenizer(models.BPE(vocab, merges, ignore_merges=pre in _IGNORE_MERGES))
+            splits = [
+                pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_TOKENIZER_REGEXES[pre]
+            ]
+            hf.pre_tokenizer = pre_tokenizers.Sequence(
+                [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            )
+            hf.decoder = decoders.ByteLevel()
+            table = _byte_level_decoder_table()
+            token_bytes = [
+                t.encode("utf-8") if i in special else _byte_level_bytes(t, table)
+                for i, t in enumerate(tokens)
+            ]
+            add_space_prefix, add_bos_default = False, pre in _ADD_BOS_BY_DEFAULT
+        elif model == "llama":
+            scores = _field(metadata, "tokenizer.ggml.scores", list, required=True)
+            if len(scores) != n:
+                raise TokenizerError(
+                    f"GGUF metadata tokenizer.ggml.scores has {len(scores)} entries, not {n}"
+                )
+            unk = ids["unknown"]
+            hf = HFTokenizer(
+                models.BPE(
+                    vocab,
+                    _spm_merges(tokens, token_types, scores),
+                    unk_token=tokens[unk] if unk is not None else None,
+                    fuse_unk=True,
+                    byte_fallback=True,
+                )
+            )
+            add_space_prefix = bool(_field(metadata, "tokenizer.ggml.add_space_prefix", bool, default=True))
+            steps = [normalizers.Prepend(_SPM_SPACE)] if add_space_prefix else []
+            hf.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", _SPM_SPACE)])
+            hf.decoder = decoders.Sequence([decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback()])
+            token_bytes = [
+                t.encode("utf-8") if i in special else _spm_bytes(t, token_types[i])
+                for i, t in enumerate(tokens)
+            ]
+            add_bos_default = True
+        else:
+            raise TokenizerError(
+                f"GGUF metadata tokenizer.ggml.model={model!r} is not supported (gpt2, llama)"
+            )
+
+        # Special-token text is matched verbatim, before normalization and pre-tokenization, as llama.cpp
+        # does; user-defined tokens are matched even when special parsing is off (llama.cpp again).
+        hf.add_special_tokens(
+            [AddedToken(tokens[i], special=True, normalized=False) for i in sorted(control)]
+        )
+        hf.add_tokens(
+            [AddedToken(tokens[i], special=False, normalized=False) for i in sorted(special - control)]
+        )
+        add_bos = _field(metadata, "tokenizer.ggml.add_bos_token", bool, default=add_bos_default)
+        if add_bos and ids["bos"] is None:
+            raise TokenizerError("GGUF metadata asks to add BOS but has no tokenizer.ggml.bos_token_id")
+        return cls(
+            hf,
+            token_bytes,
+            bos_id=ids["bos"],
+            eos_id=ids["eos"],
+            eot_id=ids["eot"],
+            special_ids=special,
+            control_ids=control,
+            extra_stop_ids=frozenset(i for i in (ids["eom"],) if i is not None),
+            add_bos=add_bos,
+            strip_leading_space=add_space_prefix,
+            chat_template=_field(metadata, "tokenizer.chat_template", str),
+        )
+
+    @classmethod
+    def from_hf_files(cls, tokenizer_json: Path, tokenizer_config: dict[str, Any] | None) -> Tokenizer:
+        """Build from a model directory's `tokenizer.json` and parsed `tokenizer_config.json` (or None)."""
+        try:
+            spec = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+            hf = HFTokenizer.from_str(json.dumps(spec))
+        except Exception as exc:  # tokenizers raises plain Exception for bad JSON
+            raise TokenizerError(f"cannot load {tokenizer_json}: {exc}") from exc
+        config = tokenizer_config or {}
+        n = hf.get_vocab_size(with_added_tokens=True)
+        added = {int(t["id"]): t for t in spec.get("added_tokens", [])}
+        special = frozenset(i for i in added if i < n)
+        control = frozenset(i for i, t in added.items() if t.get("special") and i < n)
+
+        decoder_kinds = _decoder_kinds(spec.get("decoder"))
+        byte_level = "ByteLevel" in decoder_kinds
+        strip = "Strip" in decoder_kinds or (
+            "Metaspace" in decoder_kinds
+            and (spec.get("decoder") or {}).get("prepend_scheme", "always") != "never"
+        )
+        table = _byte_level_decoder_table()
+        token_bytes = []
+        for i in range(n):
+            text = hf.id_to_token(i)
+            if text is None:  # a hole in the id space: renders as nothing
+                token_bytes.append(b"")
+            elif i in special:
+                token_bytes.append(text.encode("utf-8"))
+            elif byte_level:
+                token_bytes.append(_byte_level_bytes(text, table))
+            else:
+                is_byte = len(text) == 6 and text.startswith("<0x") and text.endswith(">")
+                token_bytes.append(_spm_bytes(text, _TYPE_BYTE if is_byte else _TYPE_NORMAL))
+
+        def special_id(key: str) -> int | None:
+            value = config.get(key)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if value is None:
+                return None
+            if not isinstance(value, str) or hf.token_to_id(value) is None:
+                raise TokenizerError(f"tokenizer_config {key}={value!r} is not a token of {tokenizer_json}")
+            return hf.token_to_id(value)
+
+        bos_id, eos_id = special_id("bos_token"), special_id("eos_token")
+        add_bos = config.get("add_bos_token")
+        if add_bos is None:  # ask the post-processor whether it prepends BOS
+            probe = hf.encode("", add_special_tokens=True).ids
+            add_bos = bos_id is not None and probe[:1] == [bos_id]
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        return cls(
+            hf,
+            token_bytes,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            eot_id=None,
+            special_ids=special,
+            control_ids=control,
+            add_bos=bool(add_bos),
+            strip_leading_space=strip,
+            chat_template=template if isinstance(template, str) else None,
+        )
+
+    # ---- text <-> ids -------------------------------------------------------------------------
+
+    def encode(self, text: str, *, parse_special: bool = True, add_bos: bool | None = None) -> list[int]:
+        """Token ids for `text`.
+
+        parse_special: special-token text such as "<|im_start|>" becomes that token (as llama-server
+        does); False treats it as plain text. add_bos: prepend BOS; None follows the model's metadata.
+        """
+        hf = self._hf if parse_special else self._hf_plain
+        ids = hf.encode(text, add_special_tokens=False).ids
+        if self.add_bos if add_bos is None else add_bos:
+            if self.bos_id is None:
+                raise ValueError("this tokenizer has no BOS token to add")
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        """The text of `ids`; bad or incomplete UTF-8 becomes U+FFFD. skip_special drops control tokens."""
+        data = b"".join(
+            self._token_bytes[i] for i in self._checked(ids) if not (skip_special and i in self.control_ids)
+        )
+        text = data.decode("utf-8", errors="replace")
+        if self.strip_leading_space and text.startswith(" "):
+            text = text[1:]
+        return text
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes a token contributes to decoded text (a fragment of a character for byte tokens)."""
+        return self._token_bytes[self._checked((token_id,))[0]]
+
+    def token_text(self, token_id: int) -> str:
+        """The token's own text (spaces as spaces); U+FFFD stands for bytes that are part of a character."""
+        return self.token_texts()[self._checked((token_id,))[0]]
+
+    def token_texts(self) -> list[str]:
+        """The text of every token, indexed by id (computed once; do not modify the list)."""
+        return self._token_texts
+
+    @cached_property
+    def _token_texts(self) -> list[str]:
+        return [b.decode("utf-8", errors="replace") for b in self._token_bytes]
+
+    def _checked(self, ids: Sequence[int]) -> Sequence[int]:
+        for i in ids:
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is outside the vocabulary (size {self.vocab_size})")
+        return ids
+
+
+def _decoder_kinds(decoder: dict[str, Any] | None) -> set[str]:
+    """The decoder types in a tokenizer.json `decoder` entry, looking inside `Sequence`s."""
+    if not decoder:
+        return set()
+    kinds = {decoder.get("type", "")}
+    for child in decoder.get("decoders", []) or []:
+        kinds |= _decoder_kinds(child)
+    return kinds
