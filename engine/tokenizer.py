@@ -15,9 +15,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from infer.engine.detokenizer import IncrementalDetokenizer
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
+
+from infer.engine.detokenizer import IncrementalDetokenizer
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer", "TokenizerError"]
 

@@ -119,9 +119,7 @@ class LlamaModel:
             )
         self.embed = backend.upload(weights["model.embed_tokens.weight"])
         # [vocab, hidden]: logits = h @ lm_head.T, which BLAS reads transposed without a copy.
-        self.lm_head = (
-            self.embed if config.tie_word_embeddings else backend.upload(weights["lm_head.weight"])
-        )
+        self.lm_head = self.embed if config.tie_word_embeddings else backend.upload(weights["lm_head.weight"])
         self.final_norm = backend.upload(weights["model.norm.weight"])
         self._inv_freq = inverse_frequencies(config, checkpoint.rope_freq_factors)
         self._cos = np.zeros((0, config.head_dim // 2), dtype=np.float32)
@@ -205,7 +203,9 @@ class LlamaModel:
             out[plan.decode_rows] = dense_out[plan.decode_slots - lo].reshape(-1, heads, head_dim)
         for row, seg in plan.prefill:
             total = seg.start + seg.length
-            seg_q = q[row : row + seg.length].reshape(seg.length, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+            seg_q = (
+                q[row : row + seg.length].reshape(seg.length, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+            )
             scores = seg_q @ keys[seg.slot, :, :total].transpose(0, 2, 1)[:, None]
             scores *= scale
             scores += _causal_mask(seg.start, seg.length)

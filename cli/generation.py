@@ -1,0 +1,96 @@
+"""What `generate` and `stream` share: reading the prompt, building the request, reporting results."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+from infer.cli.options import fail
+from infer.engine.chat import ChatTemplateError
+from infer.engine.engine import Engine
+from infer.engine.events import DoneEvent
+from infer.engine.prompts import prompt_ids
+from infer.engine.request import Request, RequestError
+from infer.engine.settings import Settings
+
+
+def read_prompt(prompt: str | None) -> str | None:
+    """The prompt argument, or standard input when it is `-`."""
+    if prompt == "-":
+        return sys.stdin.read()
+    return prompt
+
+
+def build_request(
+    engine: Engine,
+    settings: Settings,
+    *,
+    prompt: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    chat: bool | None = None,
+    parse_special: bool = True,
+    stop: list[str] | None = None,
+    ignore_eos: bool = False,
+) -> Request:
+    """A Request from CLI input and resolved settings; bad input exits 2 with one line."""
+    use_chat = chat if chat is not None else engine.tokenizer.chat_template is not None
+    try:
+        ids = prompt_ids(
+            engine.tokenizer, prompt=prompt, messages=messages, chat=use_chat, parse_special=parse_special
+        )
+        request = Request(
+            tuple(ids),
+            settings.sampling_params(),
+            max_tokens=settings.n_predict if settings.n_predict > 0 else None,
+            stop=tuple(stop or ()),
+            ignore_eos=ignore_eos,
+        )
+        engine.validate(request)
+    except (RequestError, ChatTemplateError) as exc:
+        fail(str(exc))
+    return request
+
+
+def stats_line(done: DoneEvent) -> str:
+    """The one-line summary printed on stderr: tokens, TTFT, decode speed, finish reason."""
+    tokens = done.usage.completion_tokens
+    speed = done.timings.decode_tokens_per_s(tokens)
+    line = (
+        f"infer: {tokens} tokens, prompt {done.usage.prompt_tokens}, TTFT {done.timings.ttft_s:.2f} s, "
+        f"{speed:.1f} tok/s decode, finish {done.finish_reason}, seed {done.seed}"
+    )
+    if done.error:
+        line += f" -- {done.error}"
+    return line
+
+
+def json_number(value: float) -> float | None:
+    """JSON-safe float: -inf/nan become null."""
+    return value if math.isfinite(value) else None
+
+
+def result_json(engine: Engine, request: Request, done: DoneEvent) -> str:
+    """The `--json` object of `infer generate`."""
+    timings = done.timings
+    completion = done.usage.completion_tokens
+    return json.dumps(
+        {
+            "text": done.text,
+            "prompt_ids": list(request.prompt_ids),
+            "token_ids": list(done.token_ids),
+            "finish_reason": done.finish_reason,
+            "error": done.error,
+            "seed": done.seed,
+            "prompt_tokens": done.usage.prompt_tokens,
+            "completion_tokens": completion,
+            "load_s": round(engine.load_seconds, 4),
+            "prefill_s": round(timings.prefill_s, 4),
+            "decode_s": round(timings.decode_s, 4),
+            "ttft_s": round(timings.ttft_s, 4),
+            "prefill_tokens_per_s": round(timings.prefill_tokens_per_s(done.usage.prompt_tokens), 2),
+            "decode_tokens_per_s": round(timings.decode_tokens_per_s(completion), 2),
+        },
+        ensure_ascii=False,
+    )

@@ -1,0 +1,151 @@
+"""The shared command-line flags, defined once, and the one-line error exit every CLI module uses.
+
+`@with_settings` adds every setting's flag to a Typer command (grouped in `--help`), resolves them with
+the environment and the profile, and calls the command with `settings: Settings`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, NoReturn, Optional, get_args
+
+import typer
+
+from infer.engine.sampling import SamplingParamsError
+from infer.engine.settings import SETTINGS, Settings, SettingsError, SettingSpec, resolve_settings
+from infer.profiles.loader import ProfileError
+
+PANEL_MODEL = "Model & profile"
+PANEL_ENGINE = "Engine"
+PANEL_SAMPLING = "Sampling"
+PANEL_SPECULATIVE = "Speculative decoding"
+
+_PANELS = {"engine": PANEL_ENGINE, "sampler": PANEL_SAMPLING, "speculative": PANEL_SPECULATIVE}
+_MODEL_PANEL_NAMES = ("profile", "model")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print `infer: error: <message>` as one line on stderr and exit with `code` (default 2)."""
+    line = " ".join(str(message).split())
+    if not line.startswith("infer:"):
+        line = f"infer: error: {line}"
+    typer.echo(line, err=True)
+    raise SystemExit(code)
+
+
+@contextmanager
+def settings_errors() -> Iterator[None]:
+    """Turn `SettingsError` / `SamplingParamsError` raised inside into `fail(...)` (one line, exit 2)."""
+    try:
+        yield
+    except (SettingsError, ProfileError, SamplingParamsError) as exc:
+        fail(str(exc))
+
+
+def _panel(spec: SettingSpec) -> str:
+    if spec.name in _MODEL_PANEL_NAMES:
+        return PANEL_MODEL
+    return _PANELS.get(spec.section, PANEL_ENGINE)
+
+
+def _metavar(spec: SettingSpec) -> str:
+    choices = [a for a in get_args(spec.annotation) if isinstance(a, str)]
+    if choices:
+        return "|".join(choices)
+    if spec.name == "profile":
+        return "NAME|PATH"
+    if spec.name in ("model", "spec_draft_model"):
+        return "PATH"
+    if spec.name == "samplers":
+        return "'A;B;...'"
+    base = [a for a in (*get_args(spec.annotation), spec.annotation) if a in (int, float, str)]
+    return {int: "INT", float: "FLOAT", str: "TEXT"}.get(base[0], "TEXT") if base else "TEXT"
+
+
+def _help(spec: SettingSpec) -> str:
+    default = spec.default
+    if isinstance(default, list):
+        shown = ";".join(default) if spec.name == "samplers" else json.dumps(default)
+    else:
+        shown = "none" if default is None else str(default)
+    return f"{spec.description} (env {spec.env}; default {shown})"
+
+
+def _option_parameter(spec: SettingSpec) -> inspect.Parameter:
+    """The Typer parameter for one setting. Values arrive as text (or a list of text, or a bool) and are
+    parsed by `resolve_settings`, so a bad value is the same one-line error from a flag or an env var."""
+    common: dict[str, Any] = {"help": _help(spec), "rich_help_panel": _panel(spec), "show_default": False}
+    if spec.annotation is bool:
+        annotation: Any = Optional[bool]
+        decls = [f"{spec.flag}/--no-{spec.flag[2:]}"]
+    elif spec.is_list and spec.name != "samplers":
+        annotation = Optional[list[str]]
+        decls = list(spec.flags)
+        common["metavar"] = "TEXT"
+    else:
+        annotation = Optional[str]
+        decls = list(spec.flags)
+        common["metavar"] = _metavar(spec)
+    return inspect.Parameter(
+        spec.name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Option(None, *decls, **common),
+        annotation=annotation,
+    )
+
+
+def shared_flags(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: add every shared flag to a Typer command and call it with `flags`, a dict of only the
+    flags the user gave (setting name -> raw value). For commands that add to the flags before resolving
+    (`infer profiles show NAME`); most commands want `with_settings`."""
+    signature = inspect.signature(func, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "flags"]
+    clash = sorted({p.name for p in own} & set(SETTINGS))
+    if clash:
+        raise TypeError(f"{func.__name__}: parameter(s) {', '.join(clash)} clash with shared settings flags")
+    shared = [_option_parameter(spec) for spec in SETTINGS.values()]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        flags = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
+        return func(*args, flags={k: v for k, v in flags.items() if v is not None}, **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=[*own, *shared])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in (*own, *shared)}
+    del wrapper.__wrapped__  # Typer must see the new signature, not the wrapped one
+    return wrapper
+
+
+def resolve_or_fail(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Settings:
+    """`resolve_settings`, exiting with the one-line error (code 2) on a bad setting."""
+    with settings_errors():
+        return resolve_settings(flags, env=env)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def with_settings(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator for a Typer command taking `settings: Settings`: adds every shared flag (grouped in
+    `--help`: Model & profile, Engine, Sampling, Speculative decoding), resolves flag > env > profile >
+    default, and calls `func(settings=..., **its own params)`. A bad setting (or a `SamplingParamsError`
+    raised by the command) exits 2 with one line `infer: error: ...` on stderr, no traceback."""
+    signature = inspect.signature(func, eval_str=True)
+    if "settings" not in signature.parameters:
+        raise TypeError(f"{func.__name__}: a @with_settings command needs a `settings` parameter")
+
+    @functools.wraps(func)
+    def inner(*args: Any, flags: dict[str, Any], **kwargs: Any) -> Any:
+        settings = resolve_or_fail(flags)
+        with settings_errors():
+            return func(*args, settings=settings, **kwargs)
+
+    own = [p for p in signature.parameters.values() if p.name != "settings"]
+    inner.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*own, inspect.Parameter("flags", inspect.Parameter.KEYWORD_ONLY)]
+    )
+    inner.__annotations__ = {p.name: p.annotation for p in own}
+    del inner.__wrapped__
+    return shared_flags(inner)

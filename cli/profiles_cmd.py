@@ -1,0 +1,115 @@
+"""`infer profiles list` and `infer profiles show [NAME|PATH]`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags
+from infer.engine.backends.probe import choose_backend, fallback_notice
+from infer.engine.settings import Settings
+from infer.profiles.loader import ProfileError, display_path, load_profile, shipped_profiles
+from infer.profiles.schema import ProfileFile
+
+profiles_app = typer.Typer(
+    help="List the hardware profiles and show resolved settings with where each value came from.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _format_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return json.dumps(list(value))
+    return str(value)
+
+
+@profiles_app.command("list")
+def list_profiles(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List the shipped profiles: name, backend, file and description."""
+    default_backend = ProfileFile.model_fields["backend"].default
+    rows: list[dict[str, Any]] = []
+    for path in shipped_profiles():
+        try:
+            profile = load_profile(path)
+        except ProfileError as exc:
+            fail(str(exc))
+        backend = profile.values["backend"].value if "backend" in profile.values else default_backend
+        rows.append(
+            {
+                "name": profile.name,
+                "backend": backend,
+                "path": str(profile.path),
+                "description": profile.description or "",
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("name", "backend", "path", "description", title="infer profiles")
+    for row in rows:
+        table.add_row(row["name"], row["backend"], display_path(row["path"]), Text(row["description"]))
+    Console().print(table)
+
+
+@profiles_app.command("show")
+@shared_flags
+def show_profile(
+    name: Optional[str] = typer.Argument(
+        None, metavar="[NAME|PATH]", help="Profile to show (default: --profile, INFER_PROFILE, or cpu)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Show every resolved setting of a profile and where its value came from (flag, env, file:line,
+    default). The shared flags and INFER_* variables apply, so you can see what a command would use."""
+    if name is not None:
+        if "profile" in flags and flags["profile"] != name:
+            fail(f"profile given twice: argument {name!r} and --profile {flags['profile']!r}; give one")
+        flags = {**flags, "profile": name}
+    settings = resolve_or_fail(flags)
+    with settings_errors():
+        choice = choose_backend(settings)
+    if as_json:
+        document = settings.to_json()
+        document["backend_choice"] = {
+            "requested": choice.requested,
+            "selected": choice.selected,
+            "reason": choice.reason,
+        }
+        typer.echo(json.dumps(document, indent=2))
+        return
+    Console().print(_settings_table(settings))
+    notice = fallback_notice(choice)
+    if notice is None:
+        backend_line = f"backend: {choice.selected}"
+    else:
+        backend_line = (
+            f"backend: {choice.requested} requested, unavailable ({choice.reason}); "
+            f"{choice.selected} would be used"
+        )
+    Console().print(Text(backend_line))
+
+
+def _settings_table(settings: Settings) -> Table:
+    table = Table(
+        "section",
+        "setting",
+        "value",
+        "source",
+        title=f"profile {settings.profile_name} ({display_path(settings.profile_path)})",
+    )
+    for section, name, value, source in settings.rows():
+        style = {"flag": "bold", "env": "cyan", "profile": "green", "default": "dim"}[source.kind]
+        table.add_row(section, name, Text(_format_value(value)), Text(str(source), style=style))
+    return table

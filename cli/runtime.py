@@ -1,0 +1,84 @@
+"""From resolved settings to a running Engine, with progress and notices on stderr."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from threadpoolctl import threadpool_limits
+
+from infer.cli.options import fail
+from infer.engine.backends.probe import choose_backend, fallback_notice
+from infer.engine.engine import Engine, EngineConfig, load_engine
+from infer.engine.loader import ModelLoadError
+from infer.engine.model_store import KNOWN_MODELS, ModelSpec, ModelStoreError, pull, resolve_spec
+from infer.engine.request import FaultHook
+from infer.engine.settings import Settings
+
+STDERR = Console(stderr=True)
+"""Every notice, progress bar and log goes to stderr so stdout stays machine-readable."""
+
+
+def pull_with_progress(spec: ModelSpec, console: Console = STDERR) -> Path:
+    """Pull a known model into the cache, showing a rich progress bar on stderr."""
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    with progress:
+        task = progress.add_task(f"pull {spec.name}", total=None)
+
+        def report(stage: str, done: int, total: int) -> None:
+            progress.update(task, description=f"{stage} {spec.name}", completed=done, total=total or None)
+
+        return pull(spec, report)
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """A path for the `model` setting: a file or folder, a known model name, or None for the default."""
+    try:
+        if model is None or model in KNOWN_MODELS:
+            spec = resolve_spec(model)
+            return pull_with_progress(spec)
+    except ModelStoreError as exc:
+        fail(str(exc))
+    return Path(model).expanduser()
+
+
+def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) -> EngineConfig:
+    """The engine limits the settings ask for."""
+    return EngineConfig(
+        ctx_size=settings.ctx_size,
+        max_num_seqs=settings.max_num_seqs,
+        max_batched_tokens=settings.max_batched_tokens,
+        batch_size=settings.batch_size,
+        fault_hook=fault_hook,
+    )
+
+
+def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engine:
+    """Choose the backend (one stderr notice on fallback), pin BLAS threads, load the model.
+
+    Any problem is one line on stderr and exit code 2.
+    """
+    choice = choose_backend(settings)
+    notice = fallback_notice(choice)
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
+    if settings.threads:
+        threadpool_limits(limits=settings.threads, user_api="blas")
+    path = resolve_model_path(settings.model)
+    config = engine_config(settings)
+    if max_num_seqs is not None:
+        config = EngineConfig(**{**config.__dict__, "max_num_seqs": max_num_seqs})
+    try:
+        return load_engine(path, config, choice.selected)
+    except ModelLoadError as exc:
+        fail(str(exc))

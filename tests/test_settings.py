@@ -1,0 +1,320 @@
+"""Settings resolution: precedence with provenance in every combination, env parsing, backend probing."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from infer.engine.backends.probe import (
+    BackendChoice,
+    choose_backend,
+    fallback_notice,
+    probe_backend,
+    select_backend,
+)
+from infer.engine.settings import SETTINGS, Provenance, SettingsError, resolve_settings
+from infer.profiles.schema import ProfileFile, SamplerSection, SpeculativeSection
+
+# (setting, profile key path, built-in default, parent value, child value, env text, flag value, env value)
+LAYERED = [
+    ("top_k", "sampler.top_k", 40, 11, 12, "13", 14),
+    ("temperature", "sampler.temperature", 0.8, 0.1, 0.2, "0.3", 0.4),
+    ("batch_size", "batch_size", 512, 21, 22, "23", 24),
+    ("dtype", "dtype", "float32", "float16", "bfloat16", "float16", "bfloat16"),
+    ("spec_num_tokens", "speculative.num_tokens", 5, 2, 3, "4", 6),
+    ("seed", "sampler.seed", None, 1, 2, "3", 4),
+]
+
+
+def _yaml_for(key_path: str, value: object, *, extends: str | None) -> str:
+    lines = [f"extends: {extends}"] if extends else []
+    lines.append("# a comment so the key is not on line 1")
+    if "." in key_path:
+        section, key = key_path.split(".")
+        lines += [f"{section}:", f"  {key}: {json.dumps(value)}"]
+    else:
+        lines.append(f"{key_path}: {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("layered", LAYERED, ids=[row[0] for row in LAYERED])
+@pytest.mark.parametrize(
+    "parent, child, in_env, in_flag",
+    list(itertools.product([False, True], repeat=4)),
+    ids=lambda present: "y" if present else "n",
+)
+def test_precedence_every_combination(
+    tmp_path: Path, layered: tuple, parent: bool, child: bool, in_env: bool, in_flag: bool
+) -> None:
+    name, key_path, default, parent_value, child_value, env_text, flag_value = layered
+    parent_file = tmp_path / "parent.yaml"
+    parent_file.write_text(_yaml_for(key_path, parent_value, extends=None) if parent else "threads: 1\n")
+    child_file = tmp_path / "child.yaml"
+    if child:
+        child_file.write_text(_yaml_for(key_path, child_value, extends="./parent.yaml"))
+    else:
+        child_file.write_text("extends: ./parent.yaml\n")
+    env = {"INFER_" + name.upper(): env_text} if in_env else {}
+    flags = {name: flag_value if in_flag else None, "profile": str(child_file)}
+
+    settings = resolve_settings(flags, env=env)
+    value, source = settings.value(name), settings.source(name)
+    # child: `extends:`, the comment, (the section line,) the key; the parent has no `extends:` line
+    expected_line = 4 if "." in key_path else 3
+    if in_flag:
+        assert (value, source.kind) == (flag_value, "flag")
+        assert source.detail.startswith("--")
+    elif in_env:
+        assert source == Provenance("env", f"env INFER_{name.upper()}")
+        assert str(value) == env_text
+    elif child:
+        assert (value, source.kind) == (child_value, "profile")
+        assert source.detail.endswith(f"child.yaml:{expected_line}")
+    elif parent:
+        assert (value, source.kind) == (parent_value, "profile")
+        assert source.detail.endswith(f"parent.yaml:{expected_line - 1}")
+    else:
+        assert (value, source) == (default, Provenance("default", "default"))
+    assert getattr(settings, name) == value
+    assert settings.value(key_path) == value
+
+
+@pytest.mark.parametrize(
+    "flag, env, expected_name, expected_kind",
+    [
+        (None, None, "cpu", "default"),
+        (None, "cuda", "cuda", "env"),
+        ("metal", "cuda", "metal", "flag"),
+        ("metal", None, "metal", "flag"),
+    ],
+)
+def test_profile_choice_precedence(flag, env, expected_name, expected_kind) -> None:
+    settings = resolve_settings({"profile": flag}, env={"INFER_PROFILE": env} if env else {})
+    assert settings.profile_name == expected_name
+    assert settings.source("profile").kind == expected_kind
+    assert settings.profile_path.name == f"{expected_name}.yaml"
+
+
+def test_shipped_profile_values_come_from_the_right_file() -> None:
+    settings = resolve_settings({"profile": "cuda"}, env={})
+    assert settings.backend == "cuda"
+    assert settings.source("backend").detail.startswith("profiles/cuda.yaml:")
+    assert settings.max_num_seqs == 256
+    assert settings.source("top_k").detail.startswith("profiles/cpu.yaml:")  # inherited via extends
+    assert str(settings.source("top_k")) == settings.source("top_k").detail
+
+
+# --- env and flag parsing ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "variable, text, expected",
+    [
+        ("INFER_TOP_K", "abc", ["INFER_TOP_K", "sampler.top_k", "valid integer", "'abc'"]),
+        ("INFER_TOP_K", "4.5", ["INFER_TOP_K", "sampler.top_k"]),
+        ("INFER_TEMPERATURE", "hot", ["INFER_TEMPERATURE", "sampler.temperature", "number"]),
+        ("INFER_THREADS", "-1", ["INFER_THREADS", "threads", "greater than or equal to 0"]),
+        ("INFER_BACKEND", "gpu", ["INFER_BACKEND", "backend", "'cpu', 'cuda' or 'metal'"]),
+        ("INFER_STRICT_BACKEND", "maybe", ["INFER_STRICT_BACKEND", "strict_backend", "boolean"]),
+        ("INFER_PROFILE", "nope", ["INFER_PROFILE", "'nope'", "not found"]),
+        ("INFER_DRY_SEQUENCE_BREAKERS", "[1, 2", ["INFER_DRY_SEQUENCE_BREAKERS", "JSON array"]),
+        ("INFER_DRY_SEQUENCE_BREAKERS", "[1, 2]", ["INFER_DRY_SEQUENCE_BREAKERS", "valid string"]),
+        ("INFER_SAMPLERS", "top_k;bogus", ["INFER_SAMPLERS", "sampler.samplers", "unknown stage 'bogus'"]),
+        ("INFER_SEED", "-5", ["INFER_SEED", "sampler.seed", "2**64"]),
+        ("INFER_TOP_P", "1.5", ["INFER_TOP_P", "sampler.top_p", "(0, 1]"]),
+    ],
+)
+def test_env_value_that_does_not_parse_names_the_variable(variable, text, expected) -> None:
+    with pytest.raises(SettingsError) as info:
+        resolve_settings({}, env={variable: text})
+    message = str(info.value)
+    assert "\n" not in message
+    for part in expected:
+        assert part in message, (part, message)
+
+
+def test_flag_text_that_does_not_parse_names_the_flag() -> None:
+    with pytest.raises(SettingsError, match=r"^--top-k: sampler\.top_k must be a valid integer"):
+        resolve_settings({"top_k": "many"}, env={})
+    with pytest.raises(SettingsError, match=r"^--temp: "):
+        resolve_settings({"temperature": "warm"}, env={})
+
+
+def test_env_and_flag_text_parsing() -> None:
+    env = {
+        "INFER_TOP_K": " 7 ",
+        "INFER_SEED": "none",
+        "INFER_SAMPLERS": "top_k; temperature",
+        "INFER_DRY_SEQUENCE_BREAKERS": '["\\n", ";"]',
+        "INFER_STRICT_BACKEND": "yes",
+        "INFER_MODEL": "",  # empty counts as unset
+    }
+    settings = resolve_settings({"seed": "42"}, env=env)
+    assert settings.top_k == 7
+    assert settings.seed == 42 and settings.source("seed").kind == "flag"
+    assert settings.samplers == ("top_k", "temperature")
+    assert resolve_settings({"samplers": "kpt"}, env={}).samplers == ("top_k", "top_p", "temperature")
+    assert list(settings.dry_sequence_breakers) == ["\n", ";"]
+    assert settings.strict_backend is True
+    assert settings.model is None and settings.source("model").kind == "default"
+
+
+def test_unknown_flag_name_is_a_programming_error() -> None:
+    with pytest.raises(TypeError, match="top_kk"):
+        resolve_settings({"top_kk": 1}, env={})
+
+
+def test_cross_field_rules_name_their_sources(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"env INFER_SPEC_NGRAM_MAX: speculative.ngram_max must be >="):
+        resolve_settings({"spec_ngram_min": 3}, env={"INFER_SPEC_NGRAM_MAX": "2"})
+    with pytest.raises(SettingsError, match=r"--spec-method: .*draft_model"):
+        resolve_settings({"spec_method": "draft_model"}, env={})
+    ok = resolve_settings({"spec_method": "draft_model", "spec_draft_model": "d.gguf"}, env={})
+    assert ok.section("speculative")["draft_model"] == "d.gguf"
+
+
+# --- the Settings object ----------------------------------------------------------------------
+
+
+def test_settings_api() -> None:
+    settings = resolve_settings({"top_k": 3}, env={"INFER_TOP_P": "0.5"})
+    rows = settings.rows()
+    assert [name for _, name, _, _ in rows] == list(SETTINGS)
+    assert ("sampler", "top_k", 3, Provenance("flag", "--top-k")) in rows
+    assert str(Provenance("flag", "--top-k")) == "flag --top-k"
+    assert str(Provenance("env", "env INFER_TOP_P")) == "env INFER_TOP_P"
+    document = json.loads(json.dumps(settings.to_json()))
+    assert document["settings"]["top_p"] == {
+        "section": "sampler",
+        "value": 0.5,
+        "source": {"kind": "env", "detail": "env INFER_TOP_P"},
+    }
+    assert document["profile_name"] == "cpu"
+    assert settings.value("speculative.method") == settings.spec_method == "none"
+    assert set(settings.section("sampler")) == set(SamplerSection.model_fields)
+    assert set(settings.section("speculative")) == set(SpeculativeSection.model_fields)
+    with pytest.raises(AttributeError):
+        _ = settings.no_such_setting
+    with pytest.raises(KeyError):
+        settings.value("no_such_setting")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.profile_name = "x"  # type: ignore[misc]
+
+
+def test_every_setting_has_a_description_and_one_name() -> None:
+    for spec in SETTINGS.values():
+        assert spec.description, spec.name
+        assert spec.env == "INFER_" + spec.name.upper()
+    engine_keys = set(ProfileFile.model_fields) - {"extends", "description", "sampler", "speculative"}
+    assert engine_keys | set(SamplerSection.model_fields) <= set(SETTINGS)
+    assert "logit_bias" not in SETTINGS  # per request, not a profile key
+
+
+def test_sampler_fields_match_sampling_params() -> None:
+    sampling = pytest.importorskip("infer.engine.sampling")
+    params = sampling.SamplingParams()
+    per_request = {"logit_bias"}
+    assert set(SamplerSection.model_fields) == set(sampling.SamplingParams.field_names()) - per_request
+    for name, info in SamplerSection.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        actual = getattr(params, name)
+        assert (list(actual) if isinstance(actual, tuple) else actual) == default, name
+
+
+def test_sampler_range_checked_by_sampling_params(tmp_path: Path) -> None:
+    pytest.importorskip("infer.engine.sampling")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(textwrap.dedent("sampler:\n  top_p: 1.5\n"))
+    with pytest.raises(SettingsError) as info:
+        resolve_settings({"profile": str(bad)}, env={})
+    assert "bad.yaml:2" in str(info.value)
+    assert "sampler.top_p" in str(info.value)
+    with pytest.raises(SettingsError, match="env INFER_TOP_P"):
+        resolve_settings({}, env={"INFER_TOP_P": "1.5"})
+
+
+def test_sampling_params_from_settings() -> None:
+    pytest.importorskip("infer.engine.sampling")
+    settings = resolve_settings({"top_k": 3, "seed": 9}, env={})
+    params = settings.sampling_params()
+    assert params.top_k == 3 and params.seed == 9
+    assert settings.sampling_params(top_k=5).top_k == 5
+
+
+# --- backend probing --------------------------------------------------------------------------
+
+
+def test_probe_cpu_is_usable() -> None:
+    assert probe_backend("cpu") is None
+    assert select_backend("cpu", strict=True) == BackendChoice("cpu", "cpu", None)
+    assert fallback_notice(select_backend("cpu", strict=False)) is None
+
+
+@pytest.mark.parametrize("backend, module, reason", [("cuda", "cupy", "cupy"), ("metal", "mlx", "mlx")])
+def test_probe_reports_missing_library(monkeypatch, backend, module, reason) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
+    monkeypatch.setitem(sys.modules, f"{module}.core", None)
+    found = probe_backend(backend)
+    assert found is not None and reason in found and "not installed" in found
+    choice = select_backend(backend, strict=False, requested_by="profile x")
+    assert (choice.requested, choice.selected, choice.reason) == (backend, "cpu", found)
+    notice = fallback_notice(choice)
+    assert notice == f"infer: backend '{backend}' requested by profile x is unavailable ({found}); using cpu"
+    with pytest.raises(SettingsError, match=f"backend '{backend}'.*unavailable.*--strict-backend"):
+        select_backend(backend, strict=True)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="cupy is installed here")
+def test_cuda_unavailable_on_this_machine() -> None:
+    assert probe_backend("cuda") is not None
+    choice = select_backend("cuda", strict=False)
+    assert choice.selected == "cpu" and choice.reason
+    with pytest.raises(SettingsError):
+        select_backend("cuda", strict=True)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlx") is not None, reason="mlx is installed here")
+def test_metal_unavailable_on_this_machine() -> None:
+    assert "mlx" in (probe_backend("metal") or "")
+    choice = select_backend("metal", strict=False)
+    assert choice.selected == "cpu" and choice.reason
+    with pytest.raises(SettingsError):
+        select_backend("metal", strict=True)
+
+
+def test_probe_reports_failing_tiny_op(monkeypatch) -> None:
+    import types
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
+
+    def broken_arange(*args, **kwargs):
+        raise RuntimeError("kernel launch failed")
+
+    fake.arange = broken_arange
+    fake.float32 = "float32"
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert probe_backend("cuda") == "tiny op failed: RuntimeError: kernel launch failed"
+    fake.cuda.runtime.getDeviceCount = lambda: 0
+    assert probe_backend("cuda") == "no CUDA device"
+
+
+def test_choose_backend_from_settings(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    settings = resolve_settings({"profile": "cuda"}, env={})
+    choice = choose_backend(settings)
+    assert choice.selected == "cpu"
+    notice = fallback_notice(choice)
+    assert notice is not None
+    assert notice.startswith("infer: backend 'cuda' requested by profile cuda (profiles/cuda.yaml:")
+    assert notice.endswith("; using cpu")
+    strict = resolve_settings({"profile": "cuda", "strict_backend": True}, env={})
+    with pytest.raises(SettingsError, match="strict-backend"):
+        choose_backend(strict)
