@@ -70,33 +70,40 @@ def _config_from_metadata(meta: dict[str, Any], path: Path, has_output: bool) ->
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
 
-    def need(key: str) -> Any:
+    def number(key: str, kind: type, default: Any = None, positive: bool = True) -> Any:
         full = f"{arch}.{key}"
         if full not in meta:
-            raise ModelLoadError(f"{path}: missing metadata field {full}")
-        return meta[full]
+            if default is None:
+                raise ModelLoadError(f"{path}: missing metadata field {full}")
+            return default
+        try:
+            value = kind(meta[full])
+        except (TypeError, ValueError):
+            raise ModelLoadError(
+                f"{path}: metadata field {full} must be a number, got {meta[full]!r}"
+            ) from None
+        if positive and value <= 0:
+            raise ModelLoadError(f"{path}: metadata field {full} must be positive, got {value}")
+        return value
 
-    hidden = int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
-    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    hidden = number("embedding_length", int)
+    heads = number("attention.head_count", int)
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     rope_scaling: dict[str, Any] = {}
-    scaling_type = meta.get(f"{arch}.rope.scaling.type")
-    if scaling_type == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": number("rope.scaling.factor", float)}
     return ModelConfig(
         architecture=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(need("feed_forward_length")),
-        num_hidden_layers=int(need("block_count")),
+        intermediate_size=number("feed_forward_length", int),
+        num_hidden_layers=number("block_count", int),
         num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+        num_key_value_heads=number("attention.head_count_kv", int, heads),
+        head_dim=number("attention.key_length", int, hidden // heads),
+        rms_norm_eps=number("attention.layer_norm_rms_epsilon", float),
+        rope_theta=number("rope.freq_base", float, 10000.0),
+        max_position_embeddings=number("context_length", int, 2048),
         tie_word_embeddings=not has_output,
         attention_bias=False,
         # llama.cpp's converter permutes llama-family q/k into pairwise (interleaved) RoPE; qwen2 keeps neox.
@@ -135,6 +142,10 @@ def load_gguf(path: Path) -> Checkpoint:
     if "model.layers.0.self_attn.q_proj.bias" in weights:
         config = ModelConfig(**{**config.__dict__, "attention_bias": True})
     check_weights(config, weights, str(path))
+    if freq_factors is not None and freq_factors.shape != (config.head_dim // 2,):
+        raise ModelLoadError(
+            f"{path}: tensor rope_freqs.weight has shape {freq_factors.shape}, expected ({config.head_dim // 2},)"
+        )
     try:
         tokenizer = Tokenizer.from_gguf_metadata(meta)
     except TokenizerError as exc:

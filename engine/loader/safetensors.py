@@ -22,11 +22,14 @@ _ARCHITECTURES = {
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ModelLoadError(f"{path}: no such file") from None
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{path}: invalid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _config_from_json(raw: dict[str, Any], path: Path) -> ModelConfig:

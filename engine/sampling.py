@@ -1,0 +1,371 @@
+"""Sampling parameters (validated eagerly), the sampler chain, and seeded, position-pure draws.
+
+Semantics follow llama.cpp's CPU samplers (``common/sampling.cpp`` and ``src/llama-sampler.cpp``):
+
+* the chain is ``logit_bias -> allowed mask -> samplers... -> dist``; ``samplers`` is applied in
+  the given order, a stage may be repeated (it is applied again) or omitted (it is skipped);
+* with ``mirostat`` 1 or 2 the ``samplers`` list is ignored, as in llama.cpp, and the chain is
+  ``logit_bias -> mask -> temperature -> mirostat``;
+* ``temperature <= 0`` is greedy: the argmax of the logits after logit_bias, the allowed mask and
+  the ``penalties`` / ``dry`` stages that appear in ``samplers`` (truncation stages cannot change
+  the argmax except XTC and typical-p, which greedy skips); ties go to the lowest token id.
+
+Randomness is a pure function of ``(seed, position)``: see :func:`draw_uniforms`. The same seed
+therefore gives the same tokens alone or batched, with or without speculation, and in any call
+order. The final draw is an inverse-CDF draw over the surviving candidates in token-id order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from infer.engine import sampling_stages as st
+from infer.engine.sampling_params import (
+    _SEED_LIMIT,
+    DEFAULT_SAMPLERS,
+    SAMPLER_STAGES,
+    FrozenLogitBias,
+    NoFiniteLogitsError,
+    SamplingParams,
+    SamplingParamsError,
+    resolve_seed,
+)
+
+__all__ = [
+    "DEFAULT_SAMPLERS",
+    "SAMPLER_STAGES",
+    "FrozenLogitBias",
+    "NoFiniteLogitsError",
+    "SampledToken",
+    "SamplingParams",
+    "SamplingParamsError",
+    "SequenceSampler",
+    "draw_uniforms",
+    "resolve_seed",
+]
+
+
+def draw_uniforms(seed: int, position: int, n: int) -> np.ndarray:
+    """The ``n`` uniforms in [0, 1) of step ``position``: a pure function of (seed, position).
+
+    ``raw = numpy.random.Philox(key=seed, counter=position << 64).random_raw(n)`` (Philox4x64-10;
+    numpy increments the 256-bit counter before each block of four words), then
+    ``u = (raw >> 11) * 2**-53``. ``u[0]`` is the final draw, ``u[1 + i]`` the coin of the i-th
+    ``xtc`` stage in the chain. Any backend can reproduce this by calling it on the host.
+    """
+    raw = np.random.Philox(key=seed, counter=position << 64).random_raw(n)
+    return _to_unit(raw)
+
+
+def _to_unit(raw: np.ndarray) -> np.ndarray:
+    return (raw >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+class _PositionRng:
+    """:func:`draw_uniforms` for one seed, reusing one Philox (setting its state is ~6x cheaper)."""
+
+    def __init__(self, seed: int) -> None:
+        self._bg = np.random.Philox(key=seed)
+        self._key = self._bg.state["state"]["key"].copy()
+
+    def uniforms(self, position: int, n: int) -> np.ndarray:
+        self._bg.state = {
+            "bit_generator": "Philox",
+            "state": {"counter": np.array([0, position, 0, 0], dtype=np.uint64), "key": self._key},
+            "buffer": np.zeros(4, dtype=np.uint64),
+            "buffer_pos": 4,
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        return _to_unit(self._bg.random_raw(n))
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """One drawn token with its log-probability and the top alternatives.
+
+    ``logprob`` and ``top_logprobs`` are under the model's RAW distribution, ``log_softmax(logits)``
+    taken BEFORE logit_bias, the mask and the chain (float64 normaliser). ``logprob`` is typed to
+    allow ``-inf`` (a raw ``-inf`` logit), but the chain never draws such a token, so it is finite.
+    """
+
+    token_id: int
+    logprob: float
+    top_logprobs: tuple[tuple[int, float], ...]
+
+
+class SequenceSampler:
+    """One request's sampler: owns its history (penalties, DRY), mirostat state, and its seeded draws.
+
+    ``prompt_ids`` start the history (llama.cpp's server feeds the prompt to the sampler too).
+    ``token_texts[i]`` is token i's text, used only to find DRY sequence-breaker tokens (a token is
+    a breaker if its text contains a breaker string; llama.cpp's multi-token breakers are not
+    supported); ids beyond its length (padded vocabularies) are not breakers, and without it DRY
+    has no breakers. It is scanned once, on the first DRY step. ``eos_ids`` is recorded for callers
+    (:attr:`eos_ids`) and does not change sampling, as in llama.cpp's chain.
+
+    :meth:`sample` and :meth:`final_distribution` do not change the history; :meth:`accept` and
+    :meth:`rollback` do. Mirostat's ``mu`` is updated by :meth:`accept` from the distribution the
+    last :meth:`sample`/:meth:`final_distribution` call at that position produced (if the accepted
+    token had no mass there, or no such call was made, ``mu`` is left unchanged).
+    """
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        *,
+        seed: int,
+        vocab_size: int,
+        prompt_ids: Sequence[int] = (),
+        token_texts: Sequence[str] | None = None,
+        eos_ids: Collection[int] = (),
+    ) -> None:
+        if vocab_size <= 0:
+            raise ValueError(f"vocab_size must be > 0, got {vocab_size}.")
+        if not 0 <= int(seed) < _SEED_LIMIT:
+            raise SamplingParamsError("seed", seed, f"seed must be in [0, 2**64), got {seed!r}.")
+        params.check_vocab(vocab_size)
+        self.params = params
+        self.seed = int(seed)
+        self._rng = _PositionRng(self.seed)
+        self.vocab_size = int(vocab_size)
+        self.eos_ids = frozenset(int(t) for t in eos_ids)
+        self._token_texts = token_texts
+        self._breaker: np.ndarray | None = None
+        self._breaker_done = False
+        self._arange = np.arange(self.vocab_size, dtype=np.int64)
+        self._bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64)
+        self._bias_vals = np.fromiter(params.logit_bias.values(), dtype=np.float32)
+        prompt = np.asarray(list(prompt_ids), dtype=np.int64)
+        if prompt.size and (prompt.min() < 0 or prompt.max() >= vocab_size):
+            raise ValueError("prompt_ids contains a token id outside the vocabulary.")
+        self._hist = np.empty(max(64, 2 * prompt.size), dtype=np.int64)
+        self._hist[: prompt.size] = prompt
+        self._n = int(prompt.size)
+        self._n_prompt = self._n
+        self.mu = 2.0 * params.mirostat_tau
+        self._mu_stack: list[float] = []
+        self._pending: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._n_xtc = params.samplers.count("xtc") if params.mirostat == 0 else 0
+        p = params
+        self._pen_on = p.repeat_last_n != 0 and (
+            p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+        )
+        self._dry_on = p.dry_multiplier > 0.0 and p.dry_penalty_last_n != 0
+
+    # ----------------------------------------------------------------- history
+
+    @property
+    def generated(self) -> tuple[int, ...]:
+        """The accepted (generated) tokens, oldest first."""
+        return tuple(int(t) for t in self._hist[self._n_prompt : self._n])
+
+    def accept(self, token_id: int) -> None:
+        """Record a generated token into the history (penalties, DRY) and update mirostat's mu."""
+        tok = int(token_id)
+        if not 0 <= tok < self.vocab_size:
+            raise ValueError(f"token id {tok} is outside the vocabulary (size {self.vocab_size}).")
+        position = self._n - self._n_prompt
+        self._mu_stack.append(self.mu)
+        if self.params.mirostat and self._pending is not None and self._pending[0] == position:
+            _, ids, probs = self._pending
+            hit = np.flatnonzero(ids == tok)
+            if hit.size and probs[hit[0]] > 0.0:
+                surprise = -math.log2(float(probs[hit[0]]))
+                self.mu -= self.params.mirostat_eta * (surprise - self.params.mirostat_tau)
+        self._pending = None
+        if self._n == self._hist.shape[0]:
+            self._hist = np.concatenate((self._hist, np.empty_like(self._hist)))
+        self._hist[self._n] = tok
+        self._n += 1
+
+    def rollback(self, n: int) -> None:
+        """Forget the last ``n`` accepted tokens (and their mirostat updates)."""
+        n_gen = self._n - self._n_prompt
+        if not 0 <= n <= n_gen:
+            raise ValueError(f"cannot roll back {n} tokens, only {n_gen} were accepted.")
+        if n == 0:
+            return
+        self._n -= n
+        self.mu = self._mu_stack[-n]
+        del self._mu_stack[-n:]
+        self._pending = None
+
+    def _window(self, last_n: int) -> np.ndarray:
+        start = 0 if last_n < 0 else max(0, self._n - last_n)
+        return self._hist[start : self._n]
+
+    def _breakers(self) -> np.ndarray | None:
+        if not self._breaker_done:
+            self._breaker_done = True
+            texts, pats = self._token_texts, self.params.dry_sequence_breakers
+            if texts is not None and pats:
+                n = min(len(texts), self.vocab_size)
+                self._breaker = np.zeros(self.vocab_size, dtype=bool)
+                self._breaker[:n] = [any(b in texts[i] for b in pats) for i in range(n)]
+        return self._breaker
+
+    # ----------------------------------------------------------------- the chain
+
+    def _prepare(self, logits: np.ndarray, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(raw float32 logits, working logits after bias and mask); raises on NaN/+inf/no finite."""
+        x = np.asarray(logits, dtype=np.float32)
+        if x.shape != (self.vocab_size,):
+            raise ValueError(f"logits must have shape ({self.vocab_size},), got {x.shape}.")
+        top = x.max()
+        if np.isnan(top):
+            raise NoFiniteLogitsError(f"the model produced NaN logits ({int(np.isnan(x).sum())} tokens).")
+        if top == np.inf:
+            raise NoFiniteLogitsError("the model produced +inf logits.")
+        if top == -np.inf:
+            raise NoFiniteLogitsError("the model produced no finite logit (all -inf).")
+        w = x
+        if self._bias_ids.size:
+            w = x.copy()
+            w[self._bias_ids] += self._bias_vals
+        if allowed is not None:
+            mask = np.asarray(allowed, dtype=bool)
+            if mask.shape != (self.vocab_size,):
+                raise ValueError(f"allowed must have shape ({self.vocab_size},), got {mask.shape}.")
+            w = np.where(mask, w, np.float32(-np.inf))
+        return x, w
+
+    def _no_finite(self) -> NoFiniteLogitsError:
+        return NoFiniteLogitsError(
+            "no token can be sampled: every token is at -inf after logit_bias and the allowed mask."
+        )
+
+    def _modify(self, stage: str, c: st.Cands) -> st.Cands:
+        """Apply a logit-modifying stage (penalties, dry) to a candidate set."""
+        p = self.params
+        identity = c[0] is self._arange
+        if stage == "penalties" and self._pen_on:
+            win = self._window(p.repeat_last_n)
+            if win.size:
+                toks, counts = np.unique(win, return_counts=True)
+                c = st.penalties(
+                    c, toks, counts.astype(np.float64), p.repeat_penalty,
+                    p.frequency_penalty, p.presence_penalty, identity,
+                )  # fmt: skip
+        elif stage == "dry" and self._dry_on:
+            win = self._window(p.dry_penalty_last_n)
+            toks, amounts = st.dry_penalties(
+                win, self._breakers(), p.dry_multiplier, p.dry_base, p.dry_allowed_length
+            )
+            c = st.subtract(c, toks, amounts, identity)
+        return c
+
+    def _greedy(self, w: np.ndarray) -> int:
+        c: st.Cands = (self._arange, w)
+        if self.params.mirostat == 0:
+            for stage in self.params.samplers:
+                if stage in ("penalties", "dry"):
+                    c = self._modify(stage, c)
+        logits = c[1]
+        best = int(np.argmax(logits))
+        if logits[best] == -np.inf:
+            raise self._no_finite()
+        return best
+
+    def _chain(self, w: np.ndarray, position: int, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids ascending, probs) of the final distribution for non-greedy sampling."""
+        p = self.params
+        if w.min() == -np.inf:
+            ids = np.flatnonzero(w > -np.inf)
+            if ids.size == 0:
+                raise self._no_finite()
+            c: st.Cands = (ids, w[ids])
+        else:
+            c = (self._arange, w)
+        if p.mirostat:
+            c = st.temperature(c, p.temperature)
+            if p.mirostat == 1:
+                c = st.mirostat_v1(c, self.mu, self.vocab_size)
+            else:
+                c = st.mirostat_v2(c, self.mu)
+        else:
+            n_xtc = 0
+            for stage in p.samplers:
+                if stage in ("penalties", "dry"):
+                    c = self._modify(stage, c)
+                    if c[1].max() == -np.inf:
+                        raise self._no_finite()
+                elif stage == "top_k":
+                    c = st.top_k(c, p.top_k)
+                elif stage == "top_p":
+                    c = st.top_p(c, p.top_p, p.min_keep)
+                elif stage == "min_p":
+                    c = st.min_p(c, p.min_p, p.min_keep)
+                elif stage == "typ_p":
+                    c = st.typical(c, p.typical_p, p.min_keep)
+                elif stage == "top_n_sigma":
+                    c = st.top_n_sigma(c, p.top_n_sigma)
+                elif stage == "xtc":
+                    n_xtc += 1
+                    c = st.xtc(c, p.xtc_probability, p.xtc_threshold, p.min_keep, float(u[n_xtc]))
+                elif stage == "temperature":
+                    c = st.temperature(c, p.temperature, p.dynatemp_range, p.dynatemp_exponent)
+        ids, logits = c
+        probs = st.softmax(logits)
+        nz = probs > 0.0
+        if not nz.all():
+            ids, probs = ids[nz], probs[nz]
+        probs = probs.astype(np.float64)
+        probs /= probs.sum()
+        if p.mirostat:
+            self._pending = (position, ids, probs)
+        return ids, probs
+
+    def _check_position(self, position: int) -> int:
+        pos = int(position)
+        if pos < 0:
+            raise ValueError(f"position must be >= 0, got {position}.")
+        return pos
+
+    def final_distribution(
+        self, logits: np.ndarray, position: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(token_ids ascending, probs summing to 1) the chain would draw from at this step."""
+        pos = self._check_position(position)
+        _, w = self._prepare(logits, allowed)
+        if self.params.is_greedy:
+            best = self._greedy(w)
+            ids, probs = np.array([best], dtype=np.int64), np.array([1.0])
+            if self.params.mirostat:
+                self._pending = (pos, ids, probs)
+            return ids, probs
+        return self._chain(w, pos, self._rng.uniforms(pos, 1 + self._n_xtc))
+
+    def sample(self, logits: np.ndarray, position: int, allowed: np.ndarray | None = None) -> SampledToken:
+        """Draw this step's token. ``logits`` (float32 [vocab]) is not mutated.
+
+        ``position`` is the 0-based index of the generated token within the request; the draw's
+        randomness depends only on (seed, position). ``allowed`` is an optional bool mask [vocab].
+        Raises :class:`NoFiniteLogitsError` if no token can be drawn.
+        """
+        pos = self._check_position(position)
+        x, w = self._prepare(logits, allowed)
+        if self.params.is_greedy:
+            token = self._greedy(w)
+            if self.params.mirostat:
+                self._pending = (pos, np.array([token]), np.array([1.0]))
+        else:
+            u = self._rng.uniforms(pos, 1 + self._n_xtc)
+            ids, probs = self._chain(w, pos, u)
+            cdf = np.cumsum(probs)
+            j = int(np.searchsorted(cdf, u[0] * cdf[-1], side="right"))
+            token = int(ids[min(j, ids.shape[0] - 1)])
+        top = float(x.max())
+        lse = top + math.log(float(np.exp(x - top).sum(dtype=np.float64)))
+        logprob = float(x[token]) - lse
+        alts: tuple[tuple[int, float], ...] = ()
+        if self.params.n_probs > 0:
+            k = min(self.params.n_probs, self.vocab_size)
+            sel = st.top_indices(self._arange, x, k)
+            sel = sel[st.order_desc(sel, x[sel])]
+            alts = tuple((int(t), float(x[t]) - lse) for t in sel)
+        return SampledToken(token, logprob, alts)
