@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -105,7 +106,7 @@ class Engine:
             skip_special=request.skip_special,
             prompt_ids=request.prompt_ids,
         )
-        stream = RequestStream(request.request_id, self.step, self._background_running)
+        stream = RequestStream(request.request_id, self.step, self._background_running, self.reap_cancelled)
         sequence = Sequence(request, stream, sampler, output, seed)
         with self._incoming_lock:
             self._incoming.append(sequence)
@@ -124,15 +125,33 @@ class Engine:
             incoming = len(self._incoming)
         return incoming + len(self.scheduler.running) + len(self.scheduler.waiting)
 
-    def step(self) -> bool:
-        """Run one engine step; False when there was nothing to do."""
+    def _admit_and_reap(self) -> None:
+        """Move submitted requests to the scheduler and end cancelled ones (step lock held)."""
+        with self._incoming_lock:
+            while self._incoming:
+                self.scheduler.add(self._incoming.popleft())
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            if seq.stream.cancel_requested:
+                self._finish(seq, "cancelled")
+
+    def reap_cancelled(self) -> None:
+        """Free the slots of cancelled requests now, unless a step is running (it reaps them itself)."""
+        if self._step_lock.acquire(blocking=False):
+            try:
+                self._admit_and_reap()
+            finally:
+                self._step_lock.release()
+
+    def step(self, skip_if: Callable[[], bool] | None = None) -> bool:
+        """Run one engine step; False when there was nothing to do.
+
+        `skip_if` is checked under the step lock: a pull-mode consumer whose next event arrived while
+        it waited for the lock skips the step, so no token is computed before it is consumed.
+        """
         with self._step_lock:
-            with self._incoming_lock:
-                while self._incoming:
-                    self.scheduler.add(self._incoming.popleft())
-            for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-                if seq.stream.cancel_requested:
-                    self._finish(seq, "cancelled")
+            if skip_if is not None and skip_if():
+                return True
+            self._admit_and_reap()
             work = self.scheduler.schedule()
             if not work:
                 return False
@@ -246,7 +265,9 @@ class Engine:
 
     def _fail(self, seq: Sequence, exc: BaseException, where: str | None = None) -> None:
         phase, index = seq.step_label()
-        label = where or (f"prefill chunk {index}" if phase == "prefill" else f"decode step {index}")
+        label = f"prefill chunk {index}" if phase == "prefill" else f"decode step {index}"
+        if where:
+            label += f" ({where})"
         message = f"{label} failed after {len(seq.generated)} tokens: {type(exc).__name__}: {exc}"
         self._finish(seq, "error", message)
 

@@ -34,8 +34,15 @@ class RequestStream:
     early cancels the request.
     """
 
-    def __init__(self, request_id: str, drive: Callable[[], bool], background: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        drive: Callable[[Callable[[], bool]], bool],
+        background: Callable[[], bool],
+        on_cancel: Callable[[], None] = lambda: None,
+    ) -> None:
         self.request_id = request_id
+        self._on_cancel = on_cancel
         self._queue: queue.Queue[Event] = queue.Queue()
         self._drive = drive
         self._background = background
@@ -62,8 +69,14 @@ class RequestStream:
 
     # -- consumer side -------------------------------------------------------------------------
     def cancel(self) -> None:
-        """Ask the engine to stop this request; safe from any thread. A DoneEvent(cancelled) follows."""
+        """Ask the engine to stop this request; safe from any thread. A DoneEvent(cancelled) follows
+        and the KV slot is freed at once (or by the step in progress, when one is running)."""
         self._cancel.set()
+        if not self._background():
+            self._on_cancel()
+
+    def _has_event(self) -> bool:
+        return not self._queue.empty()
 
     def _next_sync(self) -> Event:
         while True:
@@ -76,7 +89,9 @@ class RequestStream:
                     return self._queue.get(timeout=0.5)
                 except queue.Empty:
                     continue
-            if not self._drive():
+            if (
+                not self._drive(self._has_event) and self._queue.empty()
+            ):  # a cancel may finish us in a no-work step
                 # No step could run and nothing is queued for us: the engine lost this request.
                 raise RuntimeError(f"{self.request_id}: engine has no work but the request is not done")
 
