@@ -34,8 +34,8 @@ class Backend(Protocol):
         """A zero-filled array in the compute dtype (lazily committed where the platform allows)."""
         ...
 
-    def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
-        """Root-mean-square normalisation over the last axis, scaled by `weight`."""
+    def rms_norm(self, x: Array, weight: Array | None, eps: float) -> Array:
+        """Root-mean-square normalisation over the last axis, scaled by `weight` when given."""
         ...
 
     def rope(self, x: Array, cos: Array, sin: Array) -> Array:

@@ -25,12 +25,13 @@ class CpuBackend:
         """np.zeros maps fresh zero pages, so untouched cache memory costs no RSS."""
         return np.zeros(shape, dtype=np.float32)
 
-    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        """x / sqrt(mean(x^2) + eps) * weight, in float32 as Hugging Face computes it."""
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+        """x / sqrt(mean(x^2) + eps) (* weight), in float32 as Hugging Face computes it."""
         mean_square = np.einsum("ij,ij->i", x, x) / np.float32(x.shape[-1])
         scale = 1.0 / np.sqrt(mean_square + np.float32(eps))
         out = x * scale[:, None]
-        out *= weight
+        if weight is not None:
+            out *= weight
         return out
 
     def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

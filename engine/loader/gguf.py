@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from infer.engine.loader.checkpoint import Checkpoint, ModelConfig, check_weights
@@ -43,6 +45,25 @@ _LAYER_NAMES = {
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
+class _PlainArrayReader(GGUFReader):
+    """GGUFReader over a plain ndarray view of its memory map.
+
+    The reader slices its buffer hundreds of thousands of times while parsing metadata (every
+    token string); on a np.memmap each slice builds a memmap subclass, which makes opening a
+    49k-token vocabulary take seconds. A plain view of the same mapping parses 3x faster and
+    still reads the file lazily.
+    """
+
+    @property  # type: ignore[override]
+    def data(self) -> np.ndarray:
+        """The file's bytes (memory-mapped)."""
+        return self._plain
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._plain = value.view(np.ndarray)
+
+
 def open_reader(path: Path) -> GGUFReader:
     """Open a GGUF file, turning every failure into a ModelLoadError that names the file."""
     if not path.exists():
@@ -52,7 +73,7 @@ def open_reader(path: Path) -> GGUFReader:
     if magic != b"GGUF":
         raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
     try:
-        return GGUFReader(path)
+        return _PlainArrayReader(path)
     except Exception as exc:  # the gguf package raises bare ValueError/IndexError on truncation
         raise ModelLoadError(f"{path}: corrupt or truncated GGUF ({type(exc).__name__}: {exc})") from None
 
@@ -125,10 +146,17 @@ def load_gguf(path: Path) -> Checkpoint:
             raise ModelLoadError(
                 f"{path}: tensor {tensor.name} has unsupported quant type {tensor.tensor_type.name}"
             )
+
+    def read(tensor: ReaderTensor) -> np.ndarray:
         try:
-            array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+            return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot read tensor {tensor.name}: {exc}") from None
+
+    # numpy releases the GIL inside the vectorised dequantisation, so threads use every core.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        arrays = list(pool.map(read, reader.tensors))
+    for tensor, array in zip(reader.tensors, arrays, strict=True):
         if tensor.name == "rope_freqs.weight":
             freq_factors = array
             continue

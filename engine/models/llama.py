@@ -71,11 +71,11 @@ def interleaved_to_half(weight: np.ndarray, heads: int) -> np.ndarray:
 
 @dataclass
 class _Layer:
-    attn_norm: Array
-    qkv: Array  # [hidden, q + 2 kv] (input-major so x @ w needs no transpose)
+    # Input-major ([in, out]) so `x @ w` needs no transpose. The RMSNorm weights that precede
+    # qkv and gate_up are folded into their rows: (x_hat * w) @ W == x_hat @ (w[:, None] * W).
+    qkv: Array  # [hidden, q + 2 kv]
     qkv_bias: Array | None
     out: Array  # [q, hidden]
-    mlp_norm: Array
     gate_up: Array  # [hidden, 2 * intermediate]
     down: Array  # [intermediate, hidden]
 
@@ -106,14 +106,14 @@ class LlamaModel:
                 bias = backend.upload(np.concatenate([qb, kb, weights.pop(p + "self_attn.v_proj.bias")]))
             gate = weights.pop(p + "mlp.gate_proj.weight")
             up = weights.pop(p + "mlp.up_proj.weight")
+            attn_norm = weights.pop(p + "input_layernorm.weight")
+            mlp_norm = weights.pop(p + "post_attention_layernorm.weight")
             self.layers.append(
                 _Layer(
-                    attn_norm=backend.upload(weights.pop(p + "input_layernorm.weight")),
-                    qkv=backend.upload(np.concatenate([q, k, v]).T),
+                    qkv=backend.upload(np.concatenate([q, k, v]).T * attn_norm[:, None]),
                     qkv_bias=bias,
                     out=backend.upload(weights.pop(p + "self_attn.o_proj.weight").T),
-                    mlp_norm=backend.upload(weights.pop(p + "post_attention_layernorm.weight")),
-                    gate_up=backend.upload(np.concatenate([gate, up]).T),
+                    gate_up=backend.upload(np.concatenate([gate, up]).T * mlp_norm[:, None]),
                     down=backend.upload(weights.pop(p + "mlp.down_proj.weight").T),
                 )
             )
@@ -164,20 +164,22 @@ class LlamaModel:
 
         hidden = self.embed[xp.asarray(batch.token_ids)]
         for index, layer in enumerate(self.layers):
-            normed = backend.rms_norm(hidden, layer.attn_norm, c.rms_norm_eps)
-            qkv = normed @ layer.qkv
+            qkv = backend.rms_norm(hidden, None, c.rms_norm_eps) @ layer.qkv
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            q = backend.rope(qkv[:, :q_width].reshape(rows, heads, head_dim), cos, sin)
-            k = backend.rope(qkv[:, q_width : q_width + kv_width].reshape(rows, kv_heads, head_dim), cos, sin)
+            # q and k sit side by side in qkv: one rotation covers both.
+            qk = backend.rope(
+                qkv[:, : q_width + kv_width].reshape(rows, heads + kv_heads, head_dim), cos, sin
+            )
+            q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, q_width + kv_width :].reshape(rows, kv_heads, head_dim)
             layer_keys, layer_values = cache.keys[index], cache.values[index]
             layer_keys[slots_per_row, :, positions, :] = k
             layer_values[slots_per_row, :, positions, :] = v
             attn = self._attention(q, layer_keys, layer_values, plan)
             hidden += attn.reshape(rows, q_width) @ layer.out
-            normed = backend.rms_norm(hidden, layer.mlp_norm, c.rms_norm_eps)
-            hidden += backend.silu_mul(normed @ layer.gate_up, c.intermediate_size) @ layer.down
+            gate_up = backend.rms_norm(hidden, None, c.rms_norm_eps) @ layer.gate_up
+            hidden += backend.silu_mul(gate_up, c.intermediate_size) @ layer.down
 
         last = backend.rms_norm(hidden[xp.asarray(batch.logit_rows)], self.final_norm, c.rms_norm_eps)
         return backend.to_host(last @ self.lm_head.T)
