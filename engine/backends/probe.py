@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from infer.engine.backends import IMPLEMENTED
 from infer.engine.settings import SettingsError
 
 if TYPE_CHECKING:
@@ -94,9 +95,12 @@ def probe_backend(name: str) -> str | None:
     if probe is None:
         return f"unknown backend {name!r} (allowed: {', '.join(BACKENDS)})"
     try:
-        return probe()
+        reason = probe()
     except Exception as exc:  # a probe must answer, never crash the caller
         return f"tiny op failed: {type(exc).__name__}: {exc}"
+    if reason is None and name not in IMPLEMENTED:
+        return f"the {name} array library works, but this build has no {name} backend yet"
+    return reason
 
 
 def select_backend(requested: str, *, strict: bool, requested_by: str | None = None) -> BackendChoice:
