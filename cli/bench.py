@@ -1,0 +1,481 @@
+"""`infer bench`: llama-bench style throughput runs, plus a concurrency sweep with latency percentiles.
+
+Tests (each repeated `-r` times after one warm-up run that is not counted):
+  pp<P>          prefill P random prompt tokens; t/s = P / (time from scheduling to the first token)
+  tg<N>          decode N tokens at batch 1 after a prompt of `-d` tokens (1 token when 0);
+                 t/s = N / (time from the first to the last of N+1 tokens), so prefill is excluded
+  pp<P>+tg<N>    (`-pg P,N`) the whole request: (P + N) / end-to-end time
+  tg<N> c<C>     (`--concurrency`) C requests at once, each a `--concurrency-prompt`-token prompt and N
+                 decoded tokens, through the background step loop; t/s = all tokens / wall time, plus
+                 TTFT, inter-token and end-to-end latency (mean, p50, p90, p99) over every request
+`-n` is the shared `-n/--n-predict` flag, read here as the list of decode lengths. Lists take commas
+(`-p 128,512`). `--json` / `--jsonl` / `--csv` write to stdout alone; the table, progress and notices go
+to stderr then (to stdout otherwise only the table). `--server URL` runs the same tests against an
+OpenAI-compatible streaming endpoint instead of a local engine (see `infer.cli.bench_server`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from infer.cli.bench_stats import (
+    BenchResult,
+    Trace,
+    compare_to_baseline,
+    comparison_table,
+    latency_table,
+    load_baseline,
+    results_table,
+    to_csv,
+)
+from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags
+from infer.cli.runtime import STDERR, open_engine
+from infer.engine.backends.probe import choose_backend
+from infer.engine.engine import Engine
+from infer.engine.events import DoneEvent, TokenEvent
+from infer.engine.fingerprint import environment_fingerprint
+from infer.engine.request import Request, RequestError
+from infer.engine.sampling import SamplingParams
+from infer.engine.settings import Settings
+
+PROMPT_SEED = 1234
+"""Benchmark prompts are random token ids from this seed: the same prompts on every run."""
+DEFAULT_SAMPLING_SEED = 1
+
+
+def parse_int_list(text: str | Sequence[str] | None, option: str, *, minimum: int = 0) -> list[int]:
+    """`"128,512"` (or repeated options) -> [128, 512]; exits 2 naming the option on a bad value."""
+    if text is None:
+        return []
+    parts = [text] if isinstance(text, str) else list(text)
+    values: list[int] = []
+    for part in parts:
+        for item in str(part).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            try:
+                value = int(item)
+            except ValueError:
+                fail(f"{option} takes integers separated by commas, got {part!r}")
+            if value < minimum:
+                fail(f"{option} values must be >= {minimum}, got {value}")
+            values.append(value)
+    return values
+
+
+class PromptMaker:
+    """Random prompt token ids (seeded), avoiding special tokens so every id is ordinary text."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._rng = np.random.default_rng(PROMPT_SEED)
+        self._vocab = engine.model.vocab_size
+        tokenizer = engine.tokenizer
+        self._bad = set(getattr(tokenizer, "control_ids", ()) or ()) | set(tokenizer.stop_ids)
+        self._bos = tokenizer.bos_id
+
+    def make(self, n: int) -> tuple[int, ...]:
+        """n prompt ids (at least 1); the first is BOS when the model has one."""
+        n = max(n, 1)
+        ids = [int(t) for t in self._rng.integers(0, self._vocab, n)]
+        ids = [t if t not in self._bad else 1000 + (t % 1000) for t in ids]
+        if self._bos is not None:
+            ids[0] = self._bos
+        return tuple(ids)
+
+
+def trace_request(engine: Engine, request: Request) -> Trace:
+    """Submit and consume one request in this thread, timestamping every token."""
+    trace = Trace(time.perf_counter(), prompt_tokens=len(request.prompt_ids))
+    for event in engine.submit(request):
+        if isinstance(event, TokenEvent):
+            trace.token_times.append(time.perf_counter())
+        elif isinstance(event, DoneEvent):
+            trace.done = time.perf_counter()
+            trace.error = event.error
+    return trace
+
+
+class EngineBench:
+    """Runs the tests on a local engine."""
+
+    def __init__(self, engine: Engine, sampling: SamplingParams) -> None:
+        self.engine = engine
+        self.sampling = sampling
+        self.prompts = PromptMaker(engine)
+
+    def _request(self, prompt: tuple[int, ...], max_tokens: int) -> Request:
+        return Request(prompt, self.sampling, max_tokens=max_tokens, ignore_eos=True)
+
+    def prefill(self, n_prompt: int) -> tuple[float, Trace]:
+        """One pp run: (tokens/s, trace)."""
+        trace = trace_request(self.engine, self._request(self.prompts.make(n_prompt), 1))
+        ttft = trace.ttft or 0.0
+        return (n_prompt / ttft if ttft > 0 else 0.0), trace
+
+    def decode(self, n_gen: int, depth: int) -> tuple[float, Trace]:
+        """One tg run: N decode steps timed after a prompt of `depth` tokens."""
+        trace = trace_request(self.engine, self._request(self.prompts.make(depth), n_gen + 1))
+        span = trace.token_times[-1] - trace.token_times[0] if trace.tokens > 1 else 0.0
+        return ((trace.tokens - 1) / span if span > 0 else 0.0), trace
+
+    def prompt_gen(self, n_prompt: int, n_gen: int) -> tuple[float, Trace]:
+        """One pg run: (P + N) / end-to-end."""
+        trace = trace_request(self.engine, self._request(self.prompts.make(n_prompt), n_gen))
+        return ((n_prompt + trace.tokens) / trace.e2e if trace.e2e > 0 else 0.0), trace
+
+    def concurrent(self, concurrency: int, n_prompt: int, n_gen: int) -> tuple[float, list[Trace]]:
+        """C requests at once through the background loop, each consumed by its own thread."""
+        engine = self.engine
+        requests = [self._request(self.prompts.make(n_prompt), n_gen) for _ in range(concurrency)]
+        traces: list[Trace] = [Trace(0.0) for _ in requests]
+        streams = []
+        for index, request in enumerate(requests):
+            traces[index].submitted = time.perf_counter()
+            traces[index].prompt_tokens = len(request.prompt_ids)
+            streams.append(engine.submit(request))
+        engine.start()  # after every submit, so the first step already sees the whole batch
+
+        def consume(index: int) -> None:
+            trace = traces[index]
+            for event in streams[index]:
+                if isinstance(event, TokenEvent):
+                    trace.token_times.append(time.perf_counter())
+                elif isinstance(event, DoneEvent):
+                    trace.done = time.perf_counter()
+                    trace.error = event.error
+
+        threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(concurrency)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        engine.shutdown(cancel=False)
+        wall = max(t.done for t in traces) - min(t.submitted for t in traces)
+        total = sum(t.tokens for t in traces)
+        return (total / wall if wall > 0 else 0.0), traces
+
+
+def _repeat(
+    name: str,
+    kind: str,
+    run: Callable[[], tuple[float, Any]],
+    warmup: Callable[[], Any] | None,
+    repetitions: int,
+    advance: Callable[[str], None],
+    **shape: int,
+) -> BenchResult:
+    if warmup is not None:
+        advance(f"{name} (warm-up)")
+        warmup()
+    samples: list[float] = []
+    traces: list[Trace] = []
+    for rep in range(repetitions):
+        advance(f"{name} ({rep + 1}/{repetitions})")
+        tps, got = run()
+        samples.append(tps)
+        traces.extend(got if isinstance(got, list) else [got])
+    return BenchResult(name, kind, samples=samples, traces=traces, **shape)
+
+
+def _depth_suffix(depth: int) -> str:
+    return f" @ d{depth}" if depth else ""
+
+
+def plan_tests(
+    n_prompts: list[int],
+    n_gens: list[int],
+    pgs: list[tuple[int, int]],
+    depths: list[int],
+    concurrency: list[int],
+) -> list[tuple[str, str, dict[str, int]]]:
+    """(name, kind, shape) of every test, in run order (llama-bench's order: pp, tg, pg; then the sweep)."""
+    tests: list[tuple[str, str, dict[str, int]]] = []
+    for depth in depths:
+        suffix = _depth_suffix(depth)
+        for p in n_prompts:
+            if p > 0:
+                tests.append((f"pp{p}{suffix}", "pp", {"n_prompt": p, "n_gen": 0, "depth": depth}))
+        for n in n_gens:
+            if n > 0:
+                tests.append((f"tg{n}{suffix}", "tg", {"n_prompt": 0, "n_gen": n, "depth": depth}))
+    for p, n in pgs:
+        tests.append((f"pp{p}+tg{n}", "pg", {"n_prompt": p, "n_gen": n, "depth": 0}))
+    return tests
+
+
+def run_engine_tests(
+    bench: EngineBench,
+    tests: list[tuple[str, str, dict[str, int]]],
+    concurrency: list[int],
+    conc_prompt: int,
+    conc_gen: int,
+    repetitions: int,
+    warmup: bool,
+    advance: Callable[[str], None],
+) -> list[BenchResult]:
+    """Run every planned test and the concurrency sweep on a local engine."""
+    results: list[BenchResult] = []
+    for name, kind, shape in tests:
+        depth = shape["depth"]
+        if kind == "pp":
+            p = shape["n_prompt"]
+            run: Callable[[], tuple[float, Any]] = lambda p=p: bench.prefill(p)  # noqa: E731
+            warm: Callable[[], Any] | None = run
+        elif kind == "tg":
+            n = shape["n_gen"]
+            run = lambda n=n, d=depth: bench.decode(n, d)  # noqa: E731
+            warm = lambda d=depth: bench.decode(4, d)  # noqa: E731  (short: decode cost is per token)
+        else:
+            p, n = shape["n_prompt"], shape["n_gen"]
+            run = lambda p=p, n=n: bench.prompt_gen(p, n)  # noqa: E731
+            warm = lambda p=p: bench.prefill(p)  # noqa: E731
+        results.append(
+            _repeat(name, kind, run, warm if warmup else None, repetitions, advance, concurrency=1, **shape)
+        )
+    for c in concurrency:
+        name = f"tg{conc_gen} c{c}"
+        results.append(
+            _repeat(
+                name,
+                "conc",
+                lambda c=c: bench.concurrent(c, conc_prompt, conc_gen),
+                (lambda c=c: bench.concurrent(c, conc_prompt, 2)) if warmup else None,
+                repetitions,
+                advance,
+                n_prompt=conc_prompt,
+                n_gen=conc_gen,
+                depth=0,
+                concurrency=c,
+            )
+        )
+    return results
+
+
+def count_steps(tests: list[Any], concurrency: list[int], repetitions: int, warmup: bool) -> int:
+    """How many progress steps the run has."""
+    return (len(tests) + len(concurrency)) * (repetitions + (1 if warmup else 0))
+
+
+def _emit(
+    records: list[dict[str, Any]],
+    header: dict[str, Any],
+    fmt: str | None,
+    console: Console,
+) -> None:
+    console.print(results_table(records, header))
+    lat = latency_table(records)
+    if lat is not None:
+        console.print(lat)
+    if fmt == "json":
+        sys.stdout.write(json.dumps({**header, "results": records}, indent=2) + "\n")
+    elif fmt == "jsonl":
+        for record in records:
+            sys.stdout.write(json.dumps({**header, **record}) + "\n")
+    elif fmt == "csv":
+        sys.stdout.write(to_csv(records, header))
+    sys.stdout.flush()
+
+
+def _blas_threads() -> int | None:
+    from infer.engine.fingerprint import blas_info
+
+    info = blas_info()
+    return info[0]["threads"] if info else None
+
+
+@shared_flags
+def bench(
+    n_prompt: Optional[list[str]] = typer.Option(
+        None, "-p", "--n-prompt", help="Prefill test sizes (comma list). Default 512 unless -pg/-n alone."
+    ),
+    prompt_gen: Optional[list[str]] = typer.Option(
+        None, "-pg", "--prompt-gen", help="Prompt+generation tests as P,N (repeatable)."
+    ),
+    repetitions: int = typer.Option(3, "-r", "--repetitions", min=1, help="Repetitions per test."),
+    depth: Optional[list[str]] = typer.Option(
+        None, "-d", "--depth", help="Fill the KV cache with this many tokens before pp/tg tests (comma list)."
+    ),
+    concurrency: Optional[str] = typer.Option(
+        None, "--concurrency", help="Concurrent decode sweep, e.g. 1,4,16 (aggregate t/s and latencies)."
+    ),
+    concurrency_prompt: int = typer.Option(
+        32, "--concurrency-prompt", min=1, help="Prompt tokens of each request in the concurrency sweep."
+    ),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One uncounted warm-up run per test."),
+    json_output: bool = typer.Option(False, "--json", help="JSON on stdout (all else on stderr)."),
+    jsonl_output: bool = typer.Option(False, "--jsonl", help="One JSON object per test on stdout."),
+    csv_output: bool = typer.Option(False, "--csv", help="CSV on stdout."),
+    baseline: Optional[Path] = typer.Option(
+        None, "--baseline", help="A previous --json output: exit 1 when a figure regresses."
+    ),
+    tolerance: float = typer.Option(0.1, "--tolerance", help="Allowed regression vs --baseline (0.1 = 10%)."),
+    server: Optional[str] = typer.Option(
+        None, "--server", help="Benchmark an OpenAI-compatible server at this base URL instead."
+    ),
+    api: str = typer.Option(
+        "chat", "--api", help="With --server: chat (/v1/chat/completions) or completions."
+    ),
+    server_model: Optional[str] = typer.Option(
+        None,
+        "--server-model",
+        help="With --server: the model name to send (default: the first of /v1/models).",
+    ),
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Throughput runs: prefill and decode tokens/s, TTFT, inter-token latency, concurrency sweep."""
+    formats = [
+        name for name, on in (("json", json_output), ("jsonl", jsonl_output), ("csv", csv_output)) if on
+    ]
+    if len(formats) > 1:
+        fail(f"choose one of --json, --jsonl, --csv (got {', '.join('--' + f for f in formats)})")
+    fmt = formats[0] if formats else None
+    if not 0 <= tolerance < 1:
+        fail(f"--tolerance must be in [0, 1), got {tolerance}")
+    if api not in ("chat", "completions"):
+        fail(f"--api must be chat or completions, got {api!r}")
+    n_gens = parse_int_list(flags.pop("n_predict", None), "-n/--n-predict")
+    n_prompts = parse_int_list(n_prompt, "-p/--n-prompt")
+    pgs_flat = [parse_int_list(item, "-pg") for item in (prompt_gen or [])]
+    if any(len(pair) != 2 or min(pair) < 1 for pair in pgs_flat):
+        fail("-pg takes P,N with both >= 1, e.g. -pg 512,128")
+    pgs = [(pair[0], pair[1]) for pair in pgs_flat]
+    depths = parse_int_list(depth, "-d/--depth") or [0]
+    levels = parse_int_list(concurrency, "--concurrency", minimum=1)
+    if not n_prompts and not n_gens and not pgs and not levels:
+        n_prompts, n_gens = [512], [128]
+    conc_gen = n_gens[0] if n_gens else 128
+    baseline_data = None
+    if baseline is not None:
+        try:
+            baseline_data = load_baseline(baseline)
+        except ValueError as exc:
+            fail(str(exc))
+    settings = resolve_or_fail(flags)
+    console = STDERR if fmt else Console()
+    tests = plan_tests(n_prompts, n_gens, pgs, depths, levels)
+
+    if server is not None:
+        from infer.cli.bench_server import ServerBench, ServerError
+
+        header_base: dict[str, Any] = {"server": server, "api": api}
+        try:
+            server_bench = ServerBench(server, api=api, model=server_model)
+            with _progress(count_steps(tests, levels, repetitions, warmup)) as advance:
+                results = server_bench.run(
+                    tests, levels, concurrency_prompt, conc_gen, repetitions, warmup, advance
+                )
+        except ServerError as exc:
+            fail(str(exc))
+        header = {
+            **header_base,
+            "model": server_bench.model,
+            "backend": "server",
+            "threads": "-",
+            "fingerprint": environment_fingerprint(backend="server", device=server),
+        }
+    else:
+        max_ctx = max([d + max([*n_prompts, *n_gens, 1]) for d in depths] + [p + n for p, n in pgs] + [1])
+        if settings.ctx_size and max_ctx + 2 > settings.ctx_size:
+            fail(
+                f"the longest test needs {max_ctx + 2} positions but ctx_size is {settings.ctx_size}; "
+                "raise -c"
+            )
+        engine = open_engine(settings, max_num_seqs=max([*levels, 1]))
+        sampling = _sampling(settings)
+        runner = EngineBench(engine, sampling)
+        try:
+            with _progress(count_steps(tests, levels, repetitions, warmup)) as advance:
+                results = run_engine_tests(
+                    runner, tests, levels, concurrency_prompt, conc_gen, repetitions, warmup, advance
+                )
+        except RequestError as exc:
+            fail(str(exc))
+        choice = choose_backend(settings)
+        model_name = Path(settings.model).name if settings.model else "smollm2-135m-instruct"
+        header = {
+            "model": model_name,
+            "backend": choice.selected,
+            "threads": settings.threads or _blas_threads() or 0,
+            "load_seconds": round(engine.load_seconds, 3),
+            "profile": settings.profile_name,
+            "sampling": {"temperature": sampling.temperature, "seed": sampling.seed},
+            "fingerprint": environment_fingerprint(
+                backend=choice.selected,
+                profile_name=settings.profile_name,
+                profile_path=settings.profile_path,
+                model=model_name,
+            ),
+        }
+    records = [r.to_json() for r in results]
+    errors = sum(r["errors"] for r in records)
+    _emit(records, header, fmt, console)
+    if errors:
+        console.print(f"[red]{errors} request(s) failed during the run[/]")
+    regressed = False
+    if baseline_data is not None:
+        comparisons, missing = compare_to_baseline(records, baseline_data, tolerance)
+        console.print(comparison_table(comparisons, tolerance))
+        if missing:
+            console.print(f"not in the baseline (not compared): {', '.join(missing)}")
+        regressed = any(c.regressed for c in comparisons)
+        if regressed:
+            console.print(f"[red]regression beyond {tolerance:.0%} against {baseline}[/]")
+    raise SystemExit(1 if regressed or errors else 0)
+
+
+def _sampling(settings: Settings) -> SamplingParams:
+    """The resolved sampler, with a fixed seed when none is set (the same draws every run)."""
+    with settings_errors():
+        params = settings.sampling_params()
+        if params.seed is None:
+            params = settings.sampling_params(seed=DEFAULT_SAMPLING_SEED)
+    return params
+
+
+class _progress:
+    """A transient rich progress bar on stderr; yields `advance(description)`."""
+
+    def __init__(self, total: int) -> None:
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=STDERR,
+            transient=True,
+            disable=not STDERR.is_terminal,
+        )
+        self._total = total
+        self._task: Any = None
+        self._started = False
+
+    def __enter__(self) -> Callable[[str], None]:
+        self._bar.__enter__()
+        self._task = self._bar.add_task("bench", total=self._total)
+
+        def advance(description: str) -> None:
+            if self._started:
+                self._bar.advance(self._task)
+            self._started = True
+            self._bar.update(self._task, description=description)
+
+        return advance
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.__exit__(*exc)
+
+
+__all__ = ["EngineBench", "bench", "parse_int_list", "plan_tests"]
