@@ -1,1 +1,1 @@
-"""infer package."""
+"""`infer serve`: the OpenAI-compatible HTTP server (FastAPI + uvicorn) over the engine."""

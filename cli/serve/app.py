@@ -1,0 +1,152 @@
+"""The FastAPI app: routes, API-key check, body-size limit, and the engine's lifetime.
+
+`create_app(engine, settings, ...)` is all a caller needs; `infer serve` (command.py) runs it under
+uvicorn, tests may run it in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from infer.cli.serve import completions, responses
+from infer.cli.serve.context import ServeContext
+from infer.cli.serve.errors import APIError, error_body, install_error_handlers
+from infer.engine.engine import Engine
+from infer.engine.settings import Settings
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Bodies larger than this are refused (413) before they are read."""
+
+OPEN_PATHS = frozenset({"/health"})
+"""Routes that need no API key (load balancers probe them)."""
+
+
+class _Gate:
+    """ASGI middleware: the API key (when set) and the body-size limit, checked before any route.
+
+    Pure ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware would sit between
+    a streaming response and the client and hide disconnects from it.
+    """
+
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.api_key is not None and scope.get("path") not in OPEN_PATHS:
+            given = headers.get("authorization", "")
+            token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+            if not hmac.compare_digest(token.encode(), self.api_key.encode()):
+                body = error_body(
+                    "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key"
+                )
+                await _send_json(send, 401, body, {"www-authenticate": "Bearer"})
+                return
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            body = error_body(
+                f"the request body is {int(length)} bytes; the limit is {self.max_body_bytes}",
+                code="request_too_large",
+            )
+            await _send_json(send, 413, body, {"connection": "close"})
+            return
+        await self.app(scope, receive, send)
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any], extra: dict[str, str]) -> None:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in extra.items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+def create_app(
+    engine: Engine,
+    settings: Settings,
+    *,
+    model_id: str,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """The OpenAI-compatible app over `engine`.
+
+    Starting the app (its lifespan) starts the engine's background step loop; stopping it refuses new
+    requests, cancels what is still running and stops the loop.
+    """
+    ctx = ServeContext(engine=engine, settings=settings, model_id=model_id)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.loop = asyncio.get_running_loop()
+        engine.start()
+        try:
+            yield
+        finally:
+            ctx.bridge.admitting = False
+            ctx.bridge.cancel_all()
+            # shutdown() joins the engine thread; keep the event loop free meanwhile.
+            await asyncio.to_thread(engine.shutdown, cancel=True)
+
+    app = FastAPI(
+        title="infer",
+        summary="OpenAI-compatible API over the infer engine.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    app.include_router(completions.router)
+    app.include_router(responses.router)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        """Liveness and load: 200 while admitting (503 once shutting down); `active_sequences` is what the
+        engine still holds (queued or with a KV slot)."""
+        body = {
+            "status": "ok" if ctx.bridge.admitting else "shutting_down",
+            "model": ctx.model_id,
+            "active_sequences": engine.active_sequences,
+            "in_flight": ctx.bridge.in_flight,
+        }
+        return JSONResponse(body, status_code=200 if ctx.bridge.admitting else 503)
+
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": ctx.model_id,
+            "object": "model",
+            "created": ctx.created,
+            "owned_by": "infer",
+            "max_model_len": ctx.ctx_size,
+        }
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        """The one model this server serves."""
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> dict[str, Any]:
+        """The model card, or 404 for another name."""
+        if model != ctx.model_id:
+            raise APIError(
+                f"the model {model!r} does not exist", status=404, param="model", code="model_not_found"
+            )
+        return model_card()
+
+    app.add_middleware(_Gate, api_key=api_key, max_body_bytes=max_body_bytes)
+    return app

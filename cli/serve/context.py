@@ -1,0 +1,136 @@
+"""What every route needs: the engine, its async bridge, the resolved settings, and prompt tokenization
+that never blocks the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infer.cli.serve.bridge import EngineBridge
+from infer.cli.serve.errors import APIError
+from infer.engine.chat import ChatTemplateError
+from infer.engine.engine import Engine
+from infer.engine.prompts import prompt_ids
+from infer.engine.request import Request, RequestError
+from infer.engine.settings import Settings
+from infer.engine.stream import RequestStream
+
+
+def new_id(prefix: str) -> str:
+    """An OpenAI-looking object id: `new_id("chatcmpl-")` -> `chatcmpl-3f2a...`."""
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def _message_text(messages: list[dict[str, Any]]) -> str:
+    """The text content of `messages` (the rendered prompt is this plus template text)."""
+    pieces: list[str] = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            pieces.append(content)
+        elif isinstance(content, list):
+            pieces.extend(
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
+    return "".join(pieces)
+
+
+def _check_encodable(value: Any, param: str) -> None:
+    """APIError 400 for text the tokenizer cannot take: JSON allows lone surrogates (`"\\ud800"`),
+    which are not Unicode scalar values and have no UTF-8 form."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise APIError(
+                f"the {param} contains an invalid Unicode code point ({exc.reason}, "
+                f"{value[exc.start]!r} at offset {exc.start})",
+                param=param,
+            ) from None
+    elif isinstance(value, dict):
+        for item in value.values():
+            _check_encodable(item, param)
+    elif isinstance(value, list):
+        for item in value:
+            _check_encodable(item, param)
+
+
+@dataclass
+class ServeContext:
+    """The server's shared state, created once per app."""
+
+    engine: Engine
+    settings: Settings
+    model_id: str
+    bridge: EngineBridge = field(init=False)
+    created: int = field(default_factory=lambda: int(time.time()))
+    """When the model was loaded (the /v1/models `created` field)."""
+
+    def __post_init__(self) -> None:
+        self.bridge = EngineBridge(self.engine)
+        tokenizer = self.engine.tokenizer
+        # The longest token's byte length bounds how much text one token can cover, so text longer
+        # than ctx_size * that (twice, for normalizer slack) cannot fit and is refused without
+        # spending seconds tokenizing megabytes.
+        self._longest_token = max(
+            (len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), default=1
+        )
+
+    @property
+    def ctx_size(self) -> int:
+        """Positions per sequence (prompt plus generated tokens)."""
+        return self.engine.config.ctx_size
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model knows."""
+        return self.engine.tokenizer.vocab_size
+
+    def _check_size(self, text: str, param: str) -> None:
+        size = len(text.encode("utf-8"))
+        if size > 2 * self.ctx_size * max(self._longest_token, 1):
+            raise APIError(
+                f"This model's maximum context length is {self.ctx_size} tokens, but the {param} is "
+                f"{size} bytes of text, far more than fits.",
+                param=param,
+                code="context_length_exceeded",
+            )
+
+    async def chat_prompt(self, messages: list[dict[str, Any]], param: str = "messages") -> list[int]:
+        """Token ids of `messages` rendered with the model's chat template (APIError 400 if bad)."""
+        tokenizer = self.engine.tokenizer
+
+        def work() -> list[int]:
+            _check_encodable(messages, param)
+            self._check_size(_message_text(messages), param)
+            try:
+                return prompt_ids(tokenizer, messages=messages)
+            except ChatTemplateError as exc:
+                raise APIError(str(exc), param=param) from None
+
+        return await asyncio.to_thread(work)
+
+    async def text_prompt(self, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:
+        """Token ids of a raw prompt (text, or ids checked against the vocabulary)."""
+        if not isinstance(prompt, str):
+            bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise APIError(
+                    f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})", param=param
+                )
+            return list(prompt)
+        _check_encodable(prompt, param)
+        self._check_size(prompt, param)
+        return await asyncio.to_thread(prompt_ids, self.engine.tokenizer, prompt=prompt)
+
+    def submit(self, requests: Sequence[Request], prompt_param: str) -> list[RequestStream]:
+        """Submit to the engine; a request it refuses is APIError 400 (503 while shutting down)."""
+        try:
+            return self.bridge.submit(requests)
+        except RequestError as exc:
+            param = prompt_param if exc.parameter == "prompt" else exc.parameter
+            raise APIError(str(exc), param=param) from None

@@ -1,0 +1,409 @@
+"""Request bodies of the OpenAI-compatible routes, and their conversion to engine requests.
+
+Types are strict (`"0.5"` is not a number, `1.5` is not an integer) and unknown fields are ignored,
+as OpenAI ignores them. Value ranges are not written here: `to_sampling_params()` builds the engine's
+`SamplingParams`, whose own validation rejects a bad value with the field's name, and `Request` checks
+its limits. The sampler fields (OpenAI's `temperature`, `top_p`, ... and llama.cpp's `top_k`, `min_p`,
+`samplers`, ...) are generated from the profile schema, so every sampler setting is an API field under
+its one name, with its description in `/openapi.json`.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, create_model
+
+from infer.cli.serve.errors import APIError
+from infer.engine.chat import VALID_ROLES
+from infer.engine.request import Request, RequestError
+from infer.engine.sampling import SamplingParams, SamplingParamsError, resolve_seed
+from infer.engine.settings import Settings
+from infer.profiles.schema import SamplerSection
+
+StrictFloat = Annotated[float, Strict()]
+"""A JSON number (an integer is a number too); a string is a type error."""
+
+_SEED_SPACE = 1 << 64
+
+
+class _Body(BaseModel):
+    # OpenAI ignores fields it does not know; so do we (a client may send newer fields).
+    model_config = ConfigDict(extra="ignore")
+
+
+def _strict(annotation: Any) -> Any:
+    """The profile schema's type with every scalar made strict (no "1.5" -> 1.5 coercion)."""
+    scalars = {float: StrictFloat, int: StrictInt, str: StrictStr, bool: StrictBool}
+    if annotation in scalars:
+        return scalars[annotation]
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        return Union[tuple(_strict(a) for a in get_args(annotation))]
+    if origin is list:
+        return list[_strict(get_args(annotation)[0])]  # type: ignore[misc]
+    return annotation
+
+
+def _sampler_fields() -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        name: (Optional[_strict(info.annotation)], Field(None, description=info.description))
+        for name, info in SamplerSection.model_fields.items()
+    }
+    fields["logit_bias"] = (
+        Optional[dict[StrictStr, StrictFloat]],
+        Field(
+            None, description="{token id: bias} added to the logits; -100 or less practically bans a token."
+        ),
+    )
+    return fields
+
+
+_SamplerFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "SamplerFields",
+    __base__=_Body,
+    __doc__="Sampler fields; omitted ones use the profile's defaults.",
+    **_sampler_fields(),
+)
+SAMPLER_FIELD_NAMES: tuple[str, ...] = tuple(
+    n for n in SamplingParams.field_names() if n in _SamplerFields.model_fields
+)
+"""Body fields that go straight to `SamplingParams` (under the same name)."""
+
+
+class StreamOptions(_Body):
+    """`stream_options`: ask for a last chunk carrying usage."""
+
+    include_usage: StrictBool = False
+
+
+class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
+    """Fields every generation route shares."""
+
+    model: Optional[StrictStr] = Field(None, description="Ignored: the server serves one model.")
+    stream: StrictBool = Field(False, description="Send Server-Sent Events as tokens are sampled.")
+    stream_options: Optional[StreamOptions] = None
+    stop: Optional[Union[StrictStr, list[StrictStr]]] = Field(
+        None, description="Stop strings (the stop text is not returned)."
+    )
+    ignore_eos: StrictBool = Field(
+        False, description="llama.cpp extension: keep generating past end-of-text."
+    )
+    user: Optional[StrictStr] = None
+
+    # -- conversion ----------------------------------------------------------------------------
+    def sampler_overrides(self) -> dict[str, Any]:
+        """The sampler fields this body sets (the rest come from the profile)."""
+        return self.model_dump(include=set(SAMPLER_FIELD_NAMES), exclude_none=True)
+
+    def logprob_count(self) -> int | None:
+        """How many alternatives per token the route's logprob fields ask for (None = not asked)."""
+        return None
+
+    def to_sampling_params(self, settings: Settings, vocab_size: int | None = None) -> SamplingParams:
+        """The profile's sampler defaults with this body's fields on top, validated by the sampler.
+
+        Raises APIError 400 naming the bad field.
+        """
+        overrides = self.sampler_overrides()
+        count = self.logprob_count()
+        if count is not None:
+            overrides["n_probs"] = count
+        try:
+            params = settings.sampling_params(**overrides)
+            if vocab_size is not None:
+                params.check_vocab(vocab_size)
+        except SamplingParamsError as exc:
+            raise APIError(str(exc), param=exc.parameter) from None
+        return params
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """`stop` as a tuple."""
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def token_limit(self) -> tuple[int | None, str]:
+        """(the requested most new tokens or None, the field that asked)."""
+        return self.max_tokens, "max_tokens"  # type: ignore[attr-defined]
+
+    def to_requests(
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: Settings,
+        *,
+        ctx_size: int,
+        vocab_size: int,
+        choices: int,
+        id_prefix: str,
+        prompt_param: str,
+    ) -> tuple[list[Request], int]:
+        """One engine request per (prompt, choice), and the base seed (choice i uses seed + i).
+
+        A prompt that does not fit the context, or a token limit that cannot fit beside the prompt,
+        is APIError 400 (as OpenAI and vLLM answer); an omitted limit means up to the context end
+        (or the server's `--n-predict`).
+        """
+        params = self.to_sampling_params(settings, vocab_size)
+        # The server picks the seed when the body has none, so it can report one seed that replays
+        # every choice.
+        base_seed = resolve_seed(params.seed)
+        limit, limit_param = self.token_limit()
+        requests: list[Request] = []
+        for p, ids in enumerate(prompts):
+            if len(ids) >= ctx_size:
+                raise APIError(
+                    f"This model's maximum context length is {ctx_size} tokens, but the {prompt_param} "
+                    f"has {len(ids)} tokens (at least one must be left to generate).",
+                    param=prompt_param,
+                    code="context_length_exceeded",
+                )
+            room = ctx_size - len(ids)
+            max_tokens = limit
+            if limit is not None and limit > room:
+                raise APIError(
+                    f"{limit_param} is too large: {limit}. This model's maximum context length is "
+                    f"{ctx_size} tokens and the {prompt_param} has {len(ids)} tokens, so at most {room} "
+                    "can be generated.",
+                    param=limit_param,
+                    code="context_length_exceeded",
+                )
+            if limit is None and settings.n_predict > 0:
+                max_tokens = min(settings.n_predict, room)  # the server's default, clipped to fit
+            for i in range(choices):
+                index = p * choices + i
+                sampling = params.replace(seed=(base_seed + index) % _SEED_SPACE)
+                try:
+                    requests.append(
+                        Request(
+                            prompt_ids=tuple(ids),
+                            sampling=sampling,
+                            max_tokens=max_tokens,
+                            stop=self.stop_strings(),
+                            ignore_eos=self.ignore_eos,
+                            request_id=f"{id_prefix}-{index}",
+                        )
+                    )
+                except RequestError as exc:
+                    param = limit_param if exc.parameter == "max_tokens" else exc.parameter
+                    if exc.parameter == "prompt":
+                        param = prompt_param
+                    message = str(exc).replace("max_tokens", limit_param)
+                    raise APIError(message, param=param) from None
+        return requests, base_seed
+
+
+# -- chat ----------------------------------------------------------------------------------------
+Role = Literal[tuple(sorted(VALID_ROLES))]  # type: ignore[valid-type]
+
+
+class ContentPart(BaseModel):
+    """A content part; only `{"type": "text", "text": ...}` is supported (the chat template checks)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: StrictStr
+    text: Optional[StrictStr] = None
+
+
+class ChatMessage(BaseModel):
+    """One chat message. Extra keys (`name`, `tool_calls`, ...) are passed to the chat template."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Role
+    content: Union[StrictStr, list[ContentPart], None] = None
+
+
+class ResponseFormat(_Body):
+    """`response_format`; only `text` is supported until constrained decoding lands."""
+
+    type: StrictStr = "text"
+
+
+class ChatCompletionRequest(Generation):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
+    n: StrictInt = Field(1, ge=1, le=128, description="Choices to generate (choice i uses seed + i).")
+    max_tokens: Optional[StrictInt] = Field(None, description="Deprecated name of max_completion_tokens.")
+    max_completion_tokens: Optional[StrictInt] = Field(
+        None, description="Most tokens to generate; omitted = up to the end of the context."
+    )
+    logprobs: Optional[StrictBool] = Field(None, description="Return each token's log-probability.")
+    top_logprobs: Optional[StrictInt] = Field(
+        None, ge=0, le=20, description="Alternatives per token (needs logprobs: true)."
+    )
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[StrictStr, dict[str, Any]]] = None
+
+    def token_limit(self) -> tuple[int | None, str]:
+        """max_completion_tokens wins over the deprecated max_tokens."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def logprob_count(self) -> int | None:
+        """`top_logprobs` when `logprobs` is on."""
+        if self.top_logprobs and not self.logprobs:
+            raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def check_supported(self) -> None:
+        """Refuse what this server cannot honour, rather than silently ignore it."""
+        if self.response_format is not None and self.response_format.type != "text":
+            raise APIError(
+                f"response_format type {self.response_format.type!r} is not supported (only 'text')",
+                param="response_format",
+            )
+        if self.tools and self.tool_choice != "none":
+            raise APIError("tool calling is not supported by this server", param="tools")
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The messages as plain dicts for the chat template."""
+        return [m.model_dump(exclude_none=True) | {"content": _content(m.content)} for m in self.messages]
+
+
+def _content(content: Any) -> Any:
+    if isinstance(content, list):
+        return [
+            part.model_dump(exclude_none=True) if isinstance(part, BaseModel) else part for part in content
+        ]
+    return content
+
+
+# -- completions ---------------------------------------------------------------------------------
+PromptInput = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+
+
+class CompletionRequest(Generation):
+    """POST /v1/completions."""
+
+    prompt: PromptInput = Field(description="Text, token ids, or a list of either (one completion each).")
+    n: StrictInt = Field(1, ge=1, le=128, description="Choices per prompt (choice i uses seed + i).")
+    max_tokens: Optional[StrictInt] = Field(
+        None, description="Most tokens to generate; omitted = up to the end of the context."
+    )
+    logprobs: Optional[StrictInt] = Field(None, ge=0, le=5, description="Alternatives per token to return.")
+    echo: StrictBool = Field(False, description="Prepend the prompt to the completion text.")
+    suffix: Optional[StrictStr] = None
+    best_of: Optional[StrictInt] = None
+
+    def logprob_count(self) -> int | None:
+        """`logprobs` is the number of alternatives."""
+        return self.logprobs
+
+    def check_supported(self) -> None:
+        """Refuse what this server cannot honour."""
+        if self.suffix:
+            raise APIError("suffix (insertion) is not supported", param="suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise APIError("best_of other than n is not supported", param="best_of")
+
+    def prompt_list(self) -> list[str | list[int]]:
+        """Every prompt, as text or token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]
+
+
+# -- responses -----------------------------------------------------------------------------------
+class InputPart(BaseModel):
+    """A content part of a Responses input message (`input_text`, or `output_text` of a past turn)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: StrictStr
+    text: Optional[StrictStr] = None
+
+
+class InputItem(BaseModel):
+    """A Responses input item; only messages are supported."""
+
+    model_config = ConfigDict(extra="allow")
+    type: StrictStr = "message"
+    role: Optional[Literal["user", "assistant", "system", "developer"]] = None
+    content: Union[StrictStr, list[InputPart], None] = None
+
+
+class TextConfig(_Body):
+    """`text`: the output format; only plain text is supported."""
+
+    format: Optional[ResponseFormat] = None
+
+
+class ResponsesRequest(Generation):
+    """POST /v1/responses."""
+
+    input: Union[StrictStr, list[InputItem]] = Field(description="A user message, or a list of messages.")
+    instructions: Optional[StrictStr] = Field(None, description="A system message placed first.")
+    max_output_tokens: Optional[StrictInt] = Field(
+        None, description="Most tokens to generate; omitted = up to the end of the context."
+    )
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=20, description="Alternatives per token.")
+    include: Optional[list[StrictStr]] = None
+    text: Optional[TextConfig] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    previous_response_id: Optional[StrictStr] = None
+    store: Optional[StrictBool] = None
+    metadata: Optional[dict[str, StrictStr]] = None
+
+    def token_limit(self) -> tuple[int | None, str]:
+        """`max_output_tokens`."""
+        return self.max_output_tokens, "max_output_tokens"
+
+    def wants_logprobs(self) -> bool:
+        """Whether output_text carries logprobs."""
+        return bool(self.top_logprobs) or "message.output_text.logprobs" in (self.include or [])
+
+    def logprob_count(self) -> int | None:
+        """`top_logprobs` alternatives when logprobs are wanted."""
+        return (self.top_logprobs or 0) if self.wants_logprobs() else None
+
+    def check_supported(self) -> None:
+        """Refuse what this server cannot honour."""
+        if self.previous_response_id is not None:
+            raise APIError(
+                "previous_response_id is not supported: responses are not stored",
+                param="previous_response_id",
+            )
+        if self.tools:
+            raise APIError("tools are not supported by this server", param="tools")
+        fmt = self.text.format if self.text is not None else None
+        if fmt is not None and fmt.type != "text":
+            raise APIError(
+                f"text.format type {fmt.type!r} is not supported (only 'text')", param="text.format"
+            )
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """`instructions` and `input` as chat messages. Raises APIError for a non-message item."""
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        if isinstance(self.input, str):
+            messages.append({"role": "user", "content": self.input})
+            return messages
+        if not self.input:
+            raise APIError("input must not be empty", param="input")
+        for i, item in enumerate(self.input):
+            if item.type != "message" or item.role is None:
+                raise APIError(
+                    f"input item {i} of type {item.type!r} is not supported (only messages)",
+                    param=f"input.{i}",
+                )
+            content = item.content
+            if isinstance(content, list):
+                texts = []
+                for j, part in enumerate(content):
+                    if part.type not in ("input_text", "output_text", "text") or part.text is None:
+                        raise APIError(
+                            f"input item {i} part {j} of type {part.type!r} is not supported (only text)",
+                            param=f"input.{i}.content.{j}",
+                        )
+                    texts.append(part.text)
+                content = "\n".join(texts)
+            messages.append({"role": item.role, "content": content or ""})
+        return messages
