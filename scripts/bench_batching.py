@@ -26,7 +26,9 @@ def decode_run(engine: Engine, sequences: int, new_tokens: int) -> tuple[float, 
     """(aggregate decode tok/s, median decode-step seconds) for `sequences` concurrent requests."""
     greedy = SamplingParams(temperature=0.0)
     streams = [
-        engine.submit(Request(tuple(100 + (7 * i + j) % 5000 for j in range(12)), greedy, new_tokens, ignore_eos=True))
+        engine.submit(
+            Request(tuple(100 + (7 * i + j) % 5000 for j in range(12)), greedy, new_tokens, ignore_eos=True)
+        )
         for i in range(sequences)
     ]
     # Prefill everyone first so the timed part is pure decode with all sequences in the batch.

@@ -42,7 +42,9 @@ def main() -> None:
     for _ in range(args.repeats):
         done = engine.generate(Request(prompt, greedy, max_tokens=1, ignore_eos=True)).done
         prefill.append(args.prompt_tokens / done.timings.prefill_s)
-        done = engine.generate(Request(prompt[:8], greedy, max_tokens=args.decode_tokens, ignore_eos=True)).done
+        done = engine.generate(
+            Request(prompt[:8], greedy, max_tokens=args.decode_tokens, ignore_eos=True)
+        ).done
         decode.append(done.timings.decode_tokens_per_s(done.usage.completion_tokens))
     prefill_tps, decode_tps = max(prefill), max(decode)
     ceiling_s = matmul_ceiling(engine.model, 1)
@@ -51,7 +53,9 @@ def main() -> None:
     print(f"peak RSS             {peak_rss_mb():8.0f} MB     (target <= 1200 MB)")
     print(f"prefill {args.prompt_tokens:4d} tokens  {prefill_tps:8.1f} tok/s  (target >= 380)")
     print(f"decode {args.decode_tokens:4d} tokens   {decode_tps:8.1f} tok/s  = {step_s * 1e3:.1f} ms/step")
-    print(f"pure-matmul step     {ceiling_s * 1e3:8.1f} ms     ratio step/matmul {step_s / ceiling_s:.2f}x (target <= 1.25x)")
+    print(
+        f"pure-matmul step     {ceiling_s * 1e3:8.1f} ms     ratio step/matmul {step_s / ceiling_s:.2f}x (target <= 1.25x)"
+    )
     print(f"(best of {args.repeats} runs each)")
 
 

@@ -45,12 +45,14 @@ def matmul_ceiling(model: LlamaModel, rows: int, repeats: int = 5) -> float:
     h = np.random.default_rng(1).standard_normal((rows, inter)).astype(np.float32)
     a = np.random.default_rng(2).standard_normal((rows, q_width)).astype(np.float32)
 
+    linear = model.backend.linear
+
     def step() -> None:
         for layer in model.layers:
-            x @ layer.qkv
-            a @ layer.out
-            x @ layer.gate_up
-            h @ layer.down
+            linear(x, layer.qkv)
+            linear(a, layer.out)
+            linear(x, layer.gate_up)
+            linear(h, layer.down)
         x @ model.lm_head.T
 
     return median_seconds(step, repeats)

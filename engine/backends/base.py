@@ -34,6 +34,10 @@ class Backend(Protocol):
         """A zero-filled array in the compute dtype (lazily committed where the platform allows)."""
         ...
 
+    def linear(self, x: Array, weight: Array) -> Array:
+        """x [rows, in] times weight [out, in] transposed: [rows, out]."""
+        ...
+
     def rms_norm(self, x: Array, weight: Array | None, eps: float) -> Array:
         """Root-mean-square normalisation over the last axis, scaled by `weight` when given."""
         ...

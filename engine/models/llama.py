@@ -71,13 +71,13 @@ def interleaved_to_half(weight: np.ndarray, heads: int) -> np.ndarray:
 
 @dataclass
 class _Layer:
-    # Input-major ([in, out]) so `x @ w` needs no transpose. The RMSNorm weights that precede
-    # qkv and gate_up are folded into their rows: (x_hat * w) @ W == x_hat @ (w[:, None] * W).
-    qkv: Array  # [hidden, q + 2 kv]
+    # Output-major ([out, in], as Hugging Face stores them) for Backend.linear. The RMSNorm weights
+    # that precede qkv and gate_up are folded into their columns: (x_hat * w) @ W.T == x_hat @ (W * w).T.
+    qkv: Array  # [q + 2 kv, hidden]
     qkv_bias: Array | None
-    out: Array  # [q, hidden]
-    gate_up: Array  # [hidden, 2 * intermediate]
-    down: Array  # [intermediate, hidden]
+    out: Array  # [hidden, q]
+    gate_up: Array  # [2 * intermediate, hidden]
+    down: Array  # [hidden, intermediate]
 
 
 class LlamaModel:
@@ -110,11 +110,11 @@ class LlamaModel:
             mlp_norm = weights.pop(p + "post_attention_layernorm.weight")
             self.layers.append(
                 _Layer(
-                    qkv=backend.upload(np.concatenate([q, k, v]).T * attn_norm[:, None]),
+                    qkv=backend.upload(np.concatenate([q, k, v]) * attn_norm),
                     qkv_bias=bias,
-                    out=backend.upload(weights.pop(p + "self_attn.o_proj.weight").T),
-                    gate_up=backend.upload(np.concatenate([gate, up]).T * mlp_norm[:, None]),
-                    down=backend.upload(weights.pop(p + "mlp.down_proj.weight").T),
+                    out=backend.upload(weights.pop(p + "self_attn.o_proj.weight")),
+                    gate_up=backend.upload(np.concatenate([gate, up]) * mlp_norm),
+                    down=backend.upload(weights.pop(p + "mlp.down_proj.weight")),
                 )
             )
         self.embed = backend.upload(weights["model.embed_tokens.weight"])
@@ -164,7 +164,7 @@ class LlamaModel:
 
         hidden = self.embed[xp.asarray(batch.token_ids)]
         for index, layer in enumerate(self.layers):
-            qkv = backend.rms_norm(hidden, None, c.rms_norm_eps) @ layer.qkv
+            qkv = backend.linear(backend.rms_norm(hidden, None, c.rms_norm_eps), layer.qkv)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
             # q and k sit side by side in qkv: one rotation covers both.
@@ -177,9 +177,9 @@ class LlamaModel:
             layer_keys[slots_per_row, :, positions, :] = k
             layer_values[slots_per_row, :, positions, :] = v
             attn = self._attention(q, layer_keys, layer_values, plan)
-            hidden += attn.reshape(rows, q_width) @ layer.out
-            gate_up = backend.rms_norm(hidden, None, c.rms_norm_eps) @ layer.gate_up
-            hidden += backend.silu_mul(gate_up, c.intermediate_size) @ layer.down
+            hidden += backend.linear(attn.reshape(rows, q_width), layer.out)
+            gate_up = backend.linear(backend.rms_norm(hidden, None, c.rms_norm_eps), layer.gate_up)
+            hidden += backend.linear(backend.silu_mul(gate_up, c.intermediate_size), layer.down)
 
         last = backend.rms_norm(hidden[xp.asarray(batch.logit_rows)], self.final_norm, c.rms_norm_eps)
         return backend.to_host(last @ self.lm_head.T)
@@ -195,14 +195,21 @@ class LlamaModel:
         if plan.decode_rows.size:
             # Single-token rows of many sequences: one batched matmul over a dense run of slots.
             lo, hi, width = plan.slot_lo, plan.slot_hi, plan.decode_width
-            dense_q = xp.zeros((hi - lo, kv_heads, group, head_dim), dtype=q.dtype)
-            dense_q[plan.decode_slots - lo] = q[plan.decode_rows].reshape(-1, kv_heads, group, head_dim)
+            count = plan.decode_rows.size
+            if plan.aligned:  # rows 0..n-1 hold slots lo..lo+n-1 in order: no gather, no scatter
+                dense_q = q[:count].reshape(count, kv_heads, group, head_dim)
+            else:
+                dense_q = xp.zeros((hi - lo, kv_heads, group, head_dim), dtype=q.dtype)
+                dense_q[plan.decode_slots - lo] = q[plan.decode_rows].reshape(-1, kv_heads, group, head_dim)
             scores = dense_q @ keys[lo:hi, :, :width].transpose(0, 1, 3, 2)
             scores *= scale
             scores += plan.decode_mask
             self.backend.softmax_(scores)
             dense_out = scores @ values[lo:hi, :, :width]
-            out[plan.decode_rows] = dense_out[plan.decode_slots - lo].reshape(-1, heads, head_dim)
+            if plan.aligned:
+                out[:count] = dense_out.reshape(count, heads, head_dim)
+            else:
+                out[plan.decode_rows] = dense_out[plan.decode_slots - lo].reshape(-1, heads, head_dim)
         for row, seg in plan.prefill:
             total = seg.start + seg.length
             seg_q = (
@@ -235,6 +242,8 @@ class _AttentionPlan:
     decode_width: int
     decode_mask: np.ndarray  # [slots, 1, 1, width] additive
     prefill: tuple[tuple[int, Segment], ...]
+    aligned: bool = False
+    """Decode rows are the batch's first rows and hold consecutive slots in order."""
 
     @classmethod
     def build(cls, segments: tuple[Segment, ...]) -> _AttentionPlan:
@@ -259,12 +268,11 @@ class _AttentionPlan:
         lengths = np.full(hi - lo, width, dtype=np.int64)
         lengths[slots - lo] = decode_lengths
         mask = np.where(np.arange(width)[None, :] < lengths[:, None], np.float32(0.0), np.float32(-np.inf))
+        rows = np.asarray(decode_rows, dtype=np.int64)
+        count = rows.size
+        aligned = bool(
+            hi - lo == count and np.array_equal(rows, np.arange(count)) and np.array_equal(slots - lo, rows)
+        )
         return cls(
-            np.asarray(decode_rows, dtype=np.int64),
-            slots,
-            lo,
-            hi,
-            width,
-            mask.astype(np.float32)[:, None, None, :],
-            tuple(prefill),
+            rows, slots, lo, hi, width, mask.astype(np.float32)[:, None, None, :], tuple(prefill), aligned
         )
