@@ -54,7 +54,8 @@ def main() -> None:
     print(f"prefill {args.prompt_tokens:4d} tokens  {prefill_tps:8.1f} tok/s  (target >= 380)")
     print(f"decode {args.decode_tokens:4d} tokens   {decode_tps:8.1f} tok/s  = {step_s * 1e3:.1f} ms/step")
     print(
-        f"pure-matmul step     {ceiling_s * 1e3:8.1f} ms     ratio step/matmul {step_s / ceiling_s:.2f}x (target <= 1.25x)"
+        f"pure-matmul step     {ceiling_s * 1e3:8.1f} ms     "
+        f"ratio step/matmul {step_s / ceiling_s:.2f}x (target <= 1.25x)"
     )
     print(f"(best of {args.repeats} runs each)")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+
 from infer.engine.chat import CHATML_TEMPLATE, ChatTemplateError, render_chat
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.tokenizer import Tokenizer
 

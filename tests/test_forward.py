@@ -49,7 +49,7 @@ def test_engine_greedy_reproduces_transformers_ids(engine: Engine, transformers_
         )
         for c in transformers_reference["greedy_32"]
     ]
-    for case, stream in zip(transformers_reference["greedy_32"], streams):
+    for case, stream in zip(transformers_reference["greedy_32"], streams, strict=True):
         assert list(stream.result().token_ids) == case["greedy_ids"]
 
 

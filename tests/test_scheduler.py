@@ -30,7 +30,8 @@ PROMPTS = [
 def engine(default_model_path) -> Engine:
     """One engine with room for 8 sequences and 512-token prefill chunks."""
     return load_engine(
-        default_model_path, EngineConfig(ctx_size=2304, max_num_seqs=8, max_batched_tokens=1024, batch_size=512)
+        default_model_path,
+        EngineConfig(ctx_size=2304, max_num_seqs=8, max_batched_tokens=1024, batch_size=512),
     )
 
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import gguf
 import pytest
-from infer.engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
+
+from infer.engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from infer.engine.backends.base import Backend
 
-
 IMPLEMENTED: frozenset[str] = frozenset({"cpu"})
 """Backends this build has a model implementation for; cuda (CuPy) and metal (MLX) come next."""
 

@@ -172,7 +172,8 @@ def load_gguf(path: Path) -> Checkpoint:
     check_weights(config, weights, str(path))
     if freq_factors is not None and freq_factors.shape != (config.head_dim // 2,):
         raise ModelLoadError(
-            f"{path}: tensor rope_freqs.weight has shape {freq_factors.shape}, expected ({config.head_dim // 2},)"
+            f"{path}: tensor rope_freqs.weight has shape {freq_factors.shape}, "
+            f"expected ({config.head_dim // 2},)"
         )
     try:
         tokenizer = Tokenizer.from_gguf_metadata(meta)
