@@ -48,7 +48,7 @@ def build_request(
             ignore_eos=ignore_eos,
         )
         engine.validate(request)
-    except (RequestError, ChatTemplateError) as exc:
+    except (RequestError, ChatTemplateError, ValueError) as exc:
         fail(str(exc))
     return request
 

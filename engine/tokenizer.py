@@ -371,7 +371,14 @@ class Tokenizer:
         does); False treats it as plain text. add_bos: prepend BOS; None follows the model's metadata.
         """
         hf = self._hf if parse_special else self._hf_plain
-        ids = hf.encode(text, add_special_tokens=False).ids
+        try:
+            ids = hf.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            # `tokenizers` refuses str with lone surrogates (JSON "\ud800", undecodable argv bytes).
+            index = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+            if index is None:
+                raise
+            raise ValueError(f"text is not valid Unicode: lone surrogate at character {index}") from None
         if self.add_bos if add_bos is None else add_bos:
             if self.bos_id is None:
                 raise ValueError("this tokenizer has no BOS token to add")

@@ -248,3 +248,11 @@ def test_from_hf_files_rejects_unknown_special(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"model": 1}))
     with pytest.raises(TokenizerError, match=r"bad\.json"):
         Tokenizer.from_hf_files(bad, None)
+
+
+def test_lone_surrogate_is_a_clear_error(default_model_path) -> None:
+    """JSON allows "\\ud800" and undecodable argv bytes become surrogates: a ValueError naming the
+    position, not a TypeError from deep inside `tokenizers`."""
+    tokenizer = load_checkpoint(default_model_path).tokenizer
+    with pytest.raises(ValueError, match="lone surrogate at character 1"):
+        tokenizer.encode("a\ud800b")
