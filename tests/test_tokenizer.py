@@ -250,9 +250,8 @@ def test_from_hf_files_rejects_unknown_special(tmp_path: Path) -> None:
         Tokenizer.from_hf_files(bad, None)
 
 
-def test_lone_surrogate_is_a_clear_error(default_model_path) -> None:
-    """JSON allows "\\ud800" and undecodable argv bytes become surrogates: a ValueError naming the
-    position, not a TypeError from deep inside `tokenizers`."""
-    tokenizer = load_checkpoint(default_model_path).tokenizer
+def test_lone_surrogate_is_a_clear_error(smollm: Tokenizer) -> None:
+    """JSON allows "\ud800" escapes and undecodable argv bytes become surrogates: a ValueError naming
+    the position, not a TypeError from deep inside `tokenizers`."""
     with pytest.raises(ValueError, match="lone surrogate at character 1"):
-        tokenizer.encode("a\ud800b")
+        smollm.encode("a\ud800b")
