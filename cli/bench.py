@@ -27,7 +27,6 @@ from typing import Any, Optional
 import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infer.cli.bench_stats import (
     BenchResult,
@@ -40,7 +39,7 @@ from infer.cli.bench_stats import (
     to_csv,
 )
 from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags
-from infer.cli.runtime import STDERR, open_engine
+from infer.cli.runtime import STDERR, counting_progress, open_engine
 from infer.engine.backends.probe import choose_backend
 from infer.engine.engine import Engine
 from infer.engine.events import DoneEvent, TokenEvent
@@ -449,15 +448,7 @@ class _progress:
     """A transient rich progress bar on stderr; yields `advance(description)`."""
 
     def __init__(self, total: int) -> None:
-        self._bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=STDERR,
-            transient=True,
-            disable=not STDERR.is_terminal,
-        )
+        self._bar = counting_progress()
         self._total = total
         self._task: Any = None
         self._started = False

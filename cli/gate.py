@@ -24,7 +24,6 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from threadpoolctl import threadpool_limits
 
@@ -38,7 +37,7 @@ from infer.cli.gate_anchors import (
 )
 from infer.cli.gate_check import AnchorResult, AnchorRun, judge, relative_gap, run_anchor, write_junit
 from infer.cli.options import fail, shared_flags
-from infer.cli.runtime import STDERR, open_engine
+from infer.cli.runtime import STDERR, counting_progress, open_engine
 from infer.engine.backends.probe import choose_backend
 from infer.engine.engine import Engine
 from infer.engine.fingerprint import environment_fingerprint, fingerprint_diff
@@ -238,15 +237,7 @@ def gate(
     runs: dict[int, AnchorRun] = {}
     results: list[AnchorResult] = []
     started = time.perf_counter()
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=STDERR,
-        transient=True,
-        disable=not STDERR.is_terminal,
-    )
+    progress = counting_progress()
     with progress:
         task = progress.add_task("anchors", total=len(selected))
         for anchor in selected:

@@ -9,13 +9,21 @@ from typing import Annotated, Optional
 
 import typer
 
-from infer.cli.generation import build_request, read_prompt, result_json, stats_line
+from infer.cli.generation import (
+    PANEL_IO,
+    IgnoreEosOption,
+    ParseSpecialOption,
+    PromptArgument,
+    StopOption,
+    build_request,
+    read_prompt,
+    result_json,
+    stats_line,
+)
 from infer.cli.options import fail, with_settings
 from infer.cli.runtime import open_engine
 from infer.engine.events import DoneEvent, TokenEvent
 from infer.engine.settings import Settings
-
-PANEL_IO = "Input & output"
 
 
 def _read_messages(path: Path) -> list[dict]:
@@ -31,7 +39,7 @@ def _read_messages(path: Path) -> list[dict]:
 @with_settings
 def generate(
     settings: Settings,
-    prompt: Annotated[Optional[str], typer.Argument(help="Prompt text; '-' reads standard input.")] = None,
+    prompt: PromptArgument = None,
     chat: Annotated[
         Optional[bool],
         typer.Option(
@@ -46,22 +54,9 @@ def generate(
             "--messages", help="JSON file with chat messages instead of a prompt.", rich_help_panel=PANEL_IO
         ),
     ] = None,
-    stop: Annotated[
-        Optional[list[str]],
-        typer.Option("--stop", help="Stop string (repeatable).", rich_help_panel=PANEL_IO),
-    ] = None,
-    ignore_eos: Annotated[
-        bool,
-        typer.Option("--ignore-eos", help="Keep generating past end-of-sequence.", rich_help_panel=PANEL_IO),
-    ] = False,
-    parse_special: Annotated[
-        bool,
-        typer.Option(
-            "--parse-special/--no-parse-special",
-            help="Parse special-token text such as <|im_start|> in a raw prompt.",
-            rich_help_panel=PANEL_IO,
-        ),
-    ] = True,
+    stop: StopOption = None,
+    ignore_eos: IgnoreEosOption = False,
+    parse_special: ParseSpecialOption = True,
     as_json: Annotated[
         bool,
         typer.Option(

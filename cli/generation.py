@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any
+from typing import Annotated, Any, Optional
+
+import typer
 
 from infer.cli.options import fail
 from infer.engine.chat import ChatTemplateError
@@ -14,6 +16,24 @@ from infer.engine.events import DoneEvent
 from infer.engine.prompts import prompt_ids
 from infer.engine.request import Request, RequestError
 from infer.engine.settings import Settings
+
+PANEL_IO = "Input & output"
+
+PromptArgument = Annotated[Optional[str], typer.Argument(help="Prompt text; '-' reads standard input.")]
+StopOption = Annotated[
+    Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).", rich_help_panel=PANEL_IO)
+]
+IgnoreEosOption = Annotated[
+    bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence.", rich_help_panel=PANEL_IO)
+]
+ParseSpecialOption = Annotated[
+    bool,
+    typer.Option(
+        "--parse-special/--no-parse-special",
+        help="Parse special-token text such as <|im_start|> in a raw prompt.",
+        rich_help_panel=PANEL_IO,
+    ),
+]
 
 
 def read_prompt(prompt: str | None) -> str | None:

@@ -6,7 +6,15 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
 from threadpoolctl import threadpool_limits
 
 from infer.cli.options import fail
@@ -19,6 +27,19 @@ from infer.engine.settings import Settings
 
 STDERR = Console(stderr=True)
 """Every notice, progress bar and log goes to stderr so stdout stays machine-readable."""
+
+
+def counting_progress(console: Console = STDERR) -> Progress:
+    """A transient 'done/total' progress bar on stderr (hidden when stderr is not a terminal)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
 
 
 def pull_with_progress(spec: ModelSpec, console: Console = STDERR) -> Path:

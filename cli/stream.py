@@ -12,7 +12,16 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from infer.cli.generation import build_request, read_prompt, stats_line
+from infer.cli.generation import (
+    PANEL_IO,
+    IgnoreEosOption,
+    ParseSpecialOption,
+    PromptArgument,
+    StopOption,
+    build_request,
+    read_prompt,
+    stats_line,
+)
 from infer.cli.options import fail, with_settings
 from infer.cli.runtime import open_engine
 from infer.engine.engine import Engine
@@ -20,7 +29,6 @@ from infer.engine.events import DoneEvent, TokenEvent
 from infer.engine.request import Request
 from infer.engine.settings import Settings
 
-PANEL_IO = "Input & output"
 EXIT_INTERRUPTED = 130
 
 
@@ -81,7 +89,7 @@ def _chat_loop(engine: Engine, settings: Settings, stop: list[str] | None) -> No
 @with_settings
 def stream(
     settings: Settings,
-    prompt: Annotated[Optional[str], typer.Argument(help="Prompt text; '-' reads standard input.")] = None,
+    prompt: PromptArgument = None,
     chat: Annotated[
         Optional[bool],
         typer.Option(
@@ -91,22 +99,9 @@ def stream(
             rich_help_panel=PANEL_IO,
         ),
     ] = None,
-    stop: Annotated[
-        Optional[list[str]],
-        typer.Option("--stop", help="Stop string (repeatable).", rich_help_panel=PANEL_IO),
-    ] = None,
-    ignore_eos: Annotated[
-        bool,
-        typer.Option("--ignore-eos", help="Keep generating past end-of-sequence.", rich_help_panel=PANEL_IO),
-    ] = False,
-    parse_special: Annotated[
-        bool,
-        typer.Option(
-            "--parse-special/--no-parse-special",
-            help="Parse special-token text such as <|im_start|> in a raw prompt.",
-            rich_help_panel=PANEL_IO,
-        ),
-    ] = True,
+    stop: StopOption = None,
+    ignore_eos: IgnoreEosOption = False,
+    parse_special: ParseSpecialOption = True,
 ) -> None:
     """Stream a completion for PROMPT to stdout as it is generated (stats on stderr)."""
     text = read_prompt(prompt)
