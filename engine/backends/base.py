@@ -42,8 +42,9 @@ class Backend(Protocol):
         """Root-mean-square normalisation over the last axis, scaled by `weight` when given."""
         ...
 
-    def rope(self, x: Array, cos: Array, sin: Array) -> Array:
-        """Rotate half-split pairs (i, i + d/2) of every head: x [T, heads, d], cos/sin [T, d/2]."""
+    def rope(self, x: Array, rotations: Array) -> Array:
+        """Rotate adjacent pairs (2i, 2i + 1) of every head by complex `rotations` [T, d/2]:
+        x [T, heads, d]; may work in place on `x`."""
         ...
 
     def silu_mul(self, gate_up: Array, width: int) -> Array:

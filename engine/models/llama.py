@@ -57,16 +57,17 @@ def inverse_frequencies(config: ModelConfig, freq_factors: np.ndarray | None) ->
     return inv
 
 
-def interleaved_to_half(weight: np.ndarray, heads: int) -> np.ndarray:
-    """Reorder each head's output rows from pairwise (0,1),(2,3).. RoPE pairs to half-split (i, i+d/2).
+def half_to_interleaved(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Reorder each head's output rows from half-split RoPE pairs (i, i + d/2) to adjacent pairs
+    (2i, 2i + 1), the permutation llama.cpp's converter applies to llama-family q/k.
 
-    Attention only uses q.k dot products, so applying the same permutation to q and k leaves the
-    scores unchanged while letting one contiguous half-split RoPE serve every layout.
+    Attention only uses q.k dot products, so permuting q and k alike leaves the scores unchanged,
+    while adjacent pairs let RoPE run as one complex multiplication for every layout.
     """
     rows = weight.shape[0]
     head_dim = rows // heads
     rest = weight.shape[1:]
-    return weight.reshape(heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
+    return weight.reshape(heads, 2, head_dim // 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
 
 
 @dataclass
@@ -91,7 +92,7 @@ class LlamaModel:
 
         def q_k_rows(name: str, count: int) -> np.ndarray:
             w = weights.pop(name)
-            return interleaved_to_half(w, count) if config.rope_layout == "interleaved" else w
+            return half_to_interleaved(w, count) if config.rope_layout == "half" else w
 
         self.layers: list[_Layer] = []
         for i in range(config.num_hidden_layers):
@@ -122,8 +123,7 @@ class LlamaModel:
         self.lm_head = self.embed if config.tie_word_embeddings else backend.upload(weights["lm_head.weight"])
         self.final_norm = backend.upload(weights["model.norm.weight"])
         self._inv_freq = inverse_frequencies(config, checkpoint.rope_freq_factors)
-        self._cos = np.zeros((0, config.head_dim // 2), dtype=np.float32)
-        self._sin = self._cos
+        self._rotations = np.zeros((0, config.head_dim // 2), dtype=np.complex64)
 
     @property
     def vocab_size(self) -> int:
@@ -137,15 +137,14 @@ class LlamaModel:
             self.backend, c.num_hidden_layers, slots, c.num_key_value_heads, capacity, c.head_dim
         )
 
-    def _rope_tables(self, positions: np.ndarray) -> tuple[Array, Array]:
+    def _rope_rotations(self, positions: np.ndarray) -> Array:
+        """cos + i sin of every (position, frequency), complex64 [rows, head_dim / 2]."""
         needed = int(positions.max()) + 1
-        if needed > self._cos.shape[0]:
-            size = max(needed, 2 * self._cos.shape[0], 256)
+        if needed > self._rotations.shape[0]:
+            size = max(needed, 2 * self._rotations.shape[0], 256)
             angles = np.outer(np.arange(size, dtype=np.float64), self._inv_freq)
-            self._cos = np.cos(angles).astype(np.float32)
-            self._sin = np.sin(angles).astype(np.float32)
-        xp = self.backend.xp
-        return xp.asarray(self._cos[positions]), xp.asarray(self._sin[positions])
+            self._rotations = np.exp(1j * angles).astype(np.complex64)
+        return self.backend.xp.asarray(self._rotations[positions])
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
         """Run every row of `batch`, write its keys/values into `cache`, return logits [logit_rows, vocab].
@@ -157,7 +156,7 @@ class LlamaModel:
         rows = batch.token_ids.shape[0]
         positions = np.concatenate([np.arange(s.start, s.start + s.length) for s in batch.segments])
         slots_per_row = np.repeat([s.slot for s in batch.segments], [s.length for s in batch.segments])
-        cos, sin = self._rope_tables(positions)
+        rotations = self._rope_rotations(positions)
         heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         plan = _AttentionPlan.build(batch.segments)
@@ -169,7 +168,7 @@ class LlamaModel:
                 qkv += layer.qkv_bias
             # q and k sit side by side in qkv: one rotation covers both.
             qk = backend.rope(
-                qkv[:, : q_width + kv_width].reshape(rows, heads + kv_heads, head_dim), cos, sin
+                qkv[:, : q_width + kv_width].reshape(rows, heads + kv_heads, head_dim), rotations
             )
             q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, q_width + kv_width :].reshape(rows, kv_heads, head_dim)
