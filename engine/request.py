@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infer.engine.sampling import SamplingParams
-
-_ids = itertools.count()
 
 
 class RequestError(ValueError):
@@ -20,8 +18,8 @@ class RequestError(ValueError):
 
 
 def new_request_id() -> str:
-    """A process-unique request id."""
-    return f"req-{next(_ids)}"
+    """A unique request id (random, so no module-level counter is shared between engines)."""
+    return f"req-{uuid.uuid4().hex[:16]}"
 
 
 @dataclass(frozen=True)
