@@ -53,6 +53,6 @@ def matmul_ceiling(model: LlamaModel, rows: int, repeats: int = 5) -> float:
             linear(a, layer.out)
             linear(x, layer.gate_up)
             linear(h, layer.down)
-        x @ model.lm_head.T
+        model.backend.logits(x, model.lm_head)
 
     return median_seconds(step, repeats)

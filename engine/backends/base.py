@@ -38,6 +38,10 @@ class Backend(Protocol):
         """x [rows, in] times weight [out, in] transposed: [rows, out]."""
         ...
 
+    def logits(self, x: Array, table: Array) -> Array:
+        """The vocabulary projection x [rows, hidden] @ table.T ([vocab, hidden]): [rows, vocab]."""
+        ...
+
     def rms_norm(self, x: Array, weight: Array | None, eps: float) -> Array:
         """Root-mean-square normalisation over the last axis, scaled by `weight` when given."""
         ...

@@ -89,6 +89,7 @@ class LlamaModel:
         self.backend = backend
         weights = checkpoint.weights
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        score_scale = np.float32(1.0 / np.sqrt(config.head_dim))
 
         def q_k_rows(name: str, count: int) -> np.ndarray:
             w = weights.pop(name)
@@ -97,12 +98,13 @@ class LlamaModel:
         self.layers: list[_Layer] = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
-            q = q_k_rows(p + "self_attn.q_proj.weight", heads)
+            # 1/sqrt(head_dim) is folded into q (RoPE is linear), so scores need no scaling pass.
+            q = q_k_rows(p + "self_attn.q_proj.weight", heads) * score_scale
             k = q_k_rows(p + "self_attn.k_proj.weight", kv_heads)
             v = weights.pop(p + "self_attn.v_proj.weight")
             bias = None
             if config.attention_bias:
-                qb = q_k_rows(p + "self_attn.q_proj.bias", heads)
+                qb = q_k_rows(p + "self_attn.q_proj.bias", heads) * score_scale
                 kb = q_k_rows(p + "self_attn.k_proj.bias", kv_heads)
                 bias = backend.upload(np.concatenate([qb, kb, weights.pop(p + "self_attn.v_proj.bias")]))
             gate = weights.pop(p + "mlp.gate_proj.weight")
@@ -181,7 +183,7 @@ class LlamaModel:
             hidden += backend.linear(backend.silu_mul(gate_up, c.intermediate_size), layer.down)
 
         last = backend.rms_norm(hidden[xp.asarray(batch.logit_rows)], self.final_norm, c.rms_norm_eps)
-        return backend.to_host(last @ self.lm_head.T)
+        return backend.to_host(backend.logits(last, self.lm_head))
 
     def _attention(self, q: Array, keys: Array, values: Array, plan: _AttentionPlan) -> Array:
         """Grouped-query attention of every row against its own sequence's cached keys/values."""
@@ -189,38 +191,48 @@ class LlamaModel:
         c = self.config
         heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         group = heads // kv_heads
-        scale = np.float32(1.0 / np.sqrt(head_dim))
+        rows = q.shape[0]
+        if plan.aligned and plan.decode_rows.size == rows:
+            return self._decode_attention(q, keys, values, plan).reshape(rows, heads, head_dim)
         out = xp.empty_like(q)
         if plan.decode_rows.size:
-            # Single-token rows of many sequences: one batched matmul over a dense run of slots.
-            lo, hi, width = plan.slot_lo, plan.slot_hi, plan.decode_width
-            count = plan.decode_rows.size
-            if plan.aligned:  # rows 0..n-1 hold slots lo..lo+n-1 in order: no gather, no scatter
-                dense_q = q[:count].reshape(count, kv_heads, group, head_dim)
-            else:
-                dense_q = xp.zeros((hi - lo, kv_heads, group, head_dim), dtype=q.dtype)
-                dense_q[plan.decode_slots - lo] = q[plan.decode_rows].reshape(-1, kv_heads, group, head_dim)
-            scores = dense_q @ keys[lo:hi, :, :width].transpose(0, 1, 3, 2)
-            scores *= scale
-            scores += plan.decode_mask
-            self.backend.softmax_(scores)
-            dense_out = scores @ values[lo:hi, :, :width]
+            dense_out = self._decode_attention(q, keys, values, plan)
             if plan.aligned:
-                out[:count] = dense_out.reshape(count, heads, head_dim)
+                out[: plan.decode_rows.size] = dense_out.reshape(-1, heads, head_dim)
             else:
-                out[plan.decode_rows] = dense_out[plan.decode_slots - lo].reshape(-1, heads, head_dim)
+                picked = dense_out[plan.decode_slots - plan.slot_lo]
+                out[plan.decode_rows] = picked.reshape(-1, heads, head_dim)
         for row, seg in plan.prefill:
             total = seg.start + seg.length
             seg_q = (
                 q[row : row + seg.length].reshape(seg.length, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
             )
             scores = seg_q @ keys[seg.slot, :, :total].transpose(0, 2, 1)[:, None]
-            scores *= scale
             scores += _causal_mask(seg.start, seg.length)
             self.backend.softmax_(scores)
             seg_out = scores @ values[seg.slot, :, :total][:, None]
             out[row : row + seg.length] = seg_out.transpose(2, 0, 1, 3).reshape(seg.length, heads, head_dim)
         return out
+
+    def _decode_attention(self, q: Array, keys: Array, values: Array, plan: _AttentionPlan) -> Array:
+        """Single-token rows of many sequences: one batched matmul over the dense run of slots
+        [lo, hi); returns [hi - lo, kv_heads, group, head_dim] (slot-major)."""
+        xp = self.backend.xp
+        c = self.config
+        kv_heads, head_dim = c.num_key_value_heads, c.head_dim
+        group = c.num_attention_heads // kv_heads
+        lo, hi, width = plan.slot_lo, plan.slot_hi, plan.decode_width
+        count = plan.decode_rows.size
+        if plan.aligned:  # rows 0..n-1 hold slots lo..lo+n-1 in order: no gather, no scatter
+            dense_q = q[:count].reshape(count, kv_heads, group, head_dim)
+        else:
+            dense_q = xp.zeros((hi - lo, kv_heads, group, head_dim), dtype=q.dtype)
+            dense_q[plan.decode_slots - lo] = q[plan.decode_rows].reshape(-1, kv_heads, group, head_dim)
+        scores = dense_q @ keys[lo:hi, :, :width].transpose(0, 1, 3, 2)
+        if plan.decode_mask is not None:
+            scores += plan.decode_mask
+        self.backend.softmax_(scores)
+        return scores @ values[lo:hi, :, :width]
 
 
 def _causal_mask(start: int, length: int) -> np.ndarray:
@@ -239,7 +251,7 @@ class _AttentionPlan:
     slot_lo: int
     slot_hi: int
     decode_width: int
-    decode_mask: np.ndarray  # [slots, 1, 1, width] additive
+    decode_mask: np.ndarray | None  # [slots, 1, 1, width] additive; None when every row sees all `width`
     prefill: tuple[tuple[int, Segment], ...]
     aligned: bool = False
     """Decode rows are the batch's first rows and hold consecutive slots in order."""
@@ -266,12 +278,14 @@ class _AttentionPlan:
         # output is discarded, so only valid positions of real rows matter.
         lengths = np.full(hi - lo, width, dtype=np.int64)
         lengths[slots - lo] = decode_lengths
-        mask = np.where(np.arange(width)[None, :] < lengths[:, None], np.float32(0.0), np.float32(-np.inf))
+        mask = None
+        if (lengths < width).any():
+            visible = np.arange(width)[None, :] < lengths[:, None]
+            mask = np.where(visible, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+            mask = mask[:, None, None, :]
         rows = np.asarray(decode_rows, dtype=np.int64)
         count = rows.size
         aligned = bool(
             hi - lo == count and np.array_equal(rows, np.arange(count)) and np.array_equal(slots - lo, rows)
         )
-        return cls(
-            rows, slots, lo, hi, width, mask.astype(np.float32)[:, None, None, :], tuple(prefill), aligned
-        )
+        return cls(rows, slots, lo, hi, width, mask, tuple(prefill), aligned)
