@@ -70,10 +70,10 @@ class SamplerSection(_Section):
         "repeat_last_n", "Tokens looked back at by the penalties; 0 = off, -1 = whole history."
     )
     presence_penalty: float = _sampler_field(
-        "presence_penalty", "OpenAI-style presence penalty (>= 0); 0 = off."
+        "presence_penalty", "OpenAI-style presence penalty in [-2, 2]; 0 = off."
     )
     frequency_penalty: float = _sampler_field(
-        "frequency_penalty", "OpenAI-style frequency penalty (>= 0); 0 = off."
+        "frequency_penalty", "OpenAI-style frequency penalty in [-2, 2]; 0 = off."
     )
     xtc_probability: float = _sampler_field(
         "xtc_probability", "XTC: chance in [0, 1] of removing the top choices at a step; 0 = off."
