@@ -5,10 +5,15 @@ Re-exported by :mod:`infer.engine.sampling`; import from there.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
+import itertools
 import math
 import re
 import secrets
+import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -341,6 +346,12 @@ class SamplingParams:
         """All field names, in declaration order."""
         return tuple(f.name for f in dataclasses.fields(cls))
 
+    @classmethod
+    def field_docs(cls) -> dict[str, str]:
+        """Each field's docstring, as one line of plain text: the single description that profiles,
+        ``--help`` and the API schema show."""
+        return dict(_field_docs(cls))
+
     def check_vocab(self, vocab_size: int) -> None:
         """Raise :class:`SamplingParamsError` if ``logit_bias`` names a token outside the vocabulary."""
         bad = [t for t in self.logit_bias if t >= vocab_size]
@@ -357,3 +368,22 @@ def resolve_seed(seed: int | None) -> int:
     if seed is None:
         return secrets.randbits(63)
     return int(seed)
+
+
+@functools.cache
+def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
+    """(field, docstring) pairs read from the class source: the string literal under each field."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = []
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            text = " ".join(after.value.value.replace("``", "").split())
+            docs.append((node.target.id, text.replace(":class:", "")))
+    return tuple(docs)

@@ -36,7 +36,9 @@ def _sampling_default(name: str) -> Any:
     raise KeyError(f"SamplingParams has no field {name!r}")
 
 
-def _sampler_field(name: str, description: str) -> Any:
+def _sampler_field(name: str) -> Any:
+    """A sampler setting whose default and description both come from `SamplingParams`."""
+    description = SamplingParams.field_docs()[name]
     default = _sampling_default(name)
     if isinstance(default, list):
         return Field(default_factory=lambda: list(default), description=description)
@@ -51,68 +53,32 @@ class SamplerSection(_Section):
     """The `sampler:` section: defaults for `SamplingParams`. Types are checked here; ranges, and the
     defaults themselves, come from `SamplingParams` (`infer.engine.sampling`)."""
 
-    temperature: float = _sampler_field("temperature", "Sampling temperature; 0 = greedy (argmax).")
-    top_k: int = _sampler_field("top_k", "Keep only the k most likely tokens; 0 = off.")
-    top_p: float = _sampler_field(
-        "top_p", "Nucleus sampling: keep the smallest set with this probability mass, in (0, 1]; 1 = off."
-    )
-    min_p: float = _sampler_field(
-        "min_p", "Drop tokens below min_p x the top token's probability, in [0, 1]; 0 = off."
-    )
-    typical_p: float = _sampler_field("typical_p", "Locally typical sampling mass, in (0, 1]; 1 = off.")
-    top_n_sigma: float = _sampler_field(
-        "top_n_sigma", "Keep logits within n standard deviations of the max; -1 = off."
-    )
-    repeat_penalty: float = _sampler_field(
-        "repeat_penalty", "Repetition penalty (> 0) on tokens in the last repeat_last_n; 1 = off."
-    )
-    repeat_last_n: int = _sampler_field(
-        "repeat_last_n", "Tokens looked back at by the penalties; 0 = off, -1 = whole history."
-    )
-    presence_penalty: float = _sampler_field(
-        "presence_penalty", "OpenAI-style presence penalty in [-2, 2]; 0 = off."
-    )
-    frequency_penalty: float = _sampler_field(
-        "frequency_penalty", "OpenAI-style frequency penalty in [-2, 2]; 0 = off."
-    )
-    xtc_probability: float = _sampler_field(
-        "xtc_probability", "XTC: chance in [0, 1] of removing the top choices at a step; 0 = off."
-    )
-    xtc_threshold: float = _sampler_field(
-        "xtc_threshold", "XTC: probability threshold in [0, 1] for a choice to be removable."
-    )
-    dry_multiplier: float = _sampler_field(
-        "dry_multiplier", "DRY repetition penalty multiplier (>= 0); 0 = off."
-    )
-    dry_base: float = _sampler_field("dry_base", "DRY exponential base (>= 1).")
-    dry_allowed_length: int = _sampler_field(
-        "dry_allowed_length", "DRY: repeats longer than this (>= 1 tokens) are penalized."
-    )
-    dry_penalty_last_n: int = _sampler_field(
-        "dry_penalty_last_n", "DRY: tokens looked back at; 0 = off, -1 = whole history."
-    )
-    dry_sequence_breakers: list[str] = _sampler_field(
-        "dry_sequence_breakers", "DRY: strings that end a repeated sequence (repeat the flag for several)."
-    )
-    mirostat: int = _sampler_field(
-        "mirostat", "Mirostat sampling: 0 = off, 1 = Mirostat, 2 = Mirostat 2.0 (replaces the sampler chain)."
-    )
-    mirostat_tau: float = _sampler_field("mirostat_tau", "Mirostat target entropy (tau), >= 0.")
-    mirostat_eta: float = _sampler_field("mirostat_eta", "Mirostat learning rate (eta), >= 0.")
-    dynatemp_range: float = _sampler_field(
-        "dynatemp_range", "Dynamic temperature range (>= 0): temperature +- range; 0 = off."
-    )
-    dynatemp_exponent: float = _sampler_field("dynatemp_exponent", "Dynamic temperature exponent (>= 0).")
-    min_keep: int = _sampler_field(
-        "min_keep", "Filtering stages keep at least this many tokens (>= 0); 0 = off."
-    )
-    seed: int | None = _sampler_field(
-        "seed", "Random seed in [0, 2**64); null (or -1) = a random seed per request."
-    )
-    n_probs: int = _sampler_field("n_probs", "Report the top n_probs alternatives per token; 0 = off.")
-    samplers: list[str] | str = _sampler_field(
-        "samplers", "Sampler stages in order: a list, 'top_k;top_p;...', or llama.cpp letters ('kpt')."
-    )
+    temperature: float = _sampler_field("temperature")
+    top_k: int = _sampler_field("top_k")
+    top_p: float = _sampler_field("top_p")
+    min_p: float = _sampler_field("min_p")
+    typical_p: float = _sampler_field("typical_p")
+    top_n_sigma: float = _sampler_field("top_n_sigma")
+    repeat_penalty: float = _sampler_field("repeat_penalty")
+    repeat_last_n: int = _sampler_field("repeat_last_n")
+    presence_penalty: float = _sampler_field("presence_penalty")
+    frequency_penalty: float = _sampler_field("frequency_penalty")
+    xtc_probability: float = _sampler_field("xtc_probability")
+    xtc_threshold: float = _sampler_field("xtc_threshold")
+    dry_multiplier: float = _sampler_field("dry_multiplier")
+    dry_base: float = _sampler_field("dry_base")
+    dry_allowed_length: int = _sampler_field("dry_allowed_length")
+    dry_penalty_last_n: int = _sampler_field("dry_penalty_last_n")
+    dry_sequence_breakers: list[str] = _sampler_field("dry_sequence_breakers")
+    mirostat: int = _sampler_field("mirostat")
+    mirostat_tau: float = _sampler_field("mirostat_tau")
+    mirostat_eta: float = _sampler_field("mirostat_eta")
+    dynatemp_range: float = _sampler_field("dynatemp_range")
+    dynatemp_exponent: float = _sampler_field("dynatemp_exponent")
+    min_keep: int = _sampler_field("min_keep")
+    seed: int | None = _sampler_field("seed")
+    n_probs: int = _sampler_field("n_probs")
+    samplers: list[str] | str = _sampler_field("samplers")
 
 
 class SpeculativeSection(_Section):
