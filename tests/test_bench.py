@@ -6,12 +6,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_process import infer_cli
 
 from infer.cli.bench import parse_int_list, plan_tests
 from infer.cli.bench_stats import (
@@ -23,20 +21,6 @@ from infer.cli.bench_stats import (
     summarize_ms,
     to_csv,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def infer_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run `infer ARGS` in a fresh process."""
-    return subprocess.run(
-        [sys.executable, "-c", "from infer.cli.main import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 def test_percentiles_match_numpy_linear_interpolation() -> None:

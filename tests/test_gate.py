@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_process import ROOT, infer_cli
 
 from infer.cli.gate_anchors import (
     Blessing,
@@ -25,20 +23,7 @@ from infer.cli.gate_anchors import (
 from infer.cli.gate_check import AnchorResult, AnchorRun, find_divergence, relative_gap, write_junit
 from infer.engine.fingerprint import environment_fingerprint, fingerprint_diff
 
-ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "anchors" / "default.yaml"
-
-
-def infer_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run `infer ARGS` in a fresh process (hash stability needs separate processes)."""
-    return subprocess.run(
-        [sys.executable, "-c", "from infer.cli.main import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 def write(tmp_path: Path, text: str, name: str = "anchors.yaml") -> Path:

@@ -7,11 +7,9 @@ llama.cpp's q/k permutation) and as a Hugging Face folder holding the dequantize
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cli_process import infer_cli
 from gguf import GGUFReader
 from synthetic import (
     BOS_ID,
@@ -461,15 +460,11 @@ def test_malformed_values(case: str, tiny_model: TinyModel, tmp_path: Path) -> N
 
 
 def _run_cli(model: Path, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "INFER_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200"}
-    command = [sys.executable, "-c", "from infer.cli.main import main; main()"]
-    return subprocess.run(
-        [*command, "generate", "--model", str(model), "-n", "2", "--ignore-eos", "--json", "hi"],
-        capture_output=True,
-        text=True,
-        env=env,
+    return infer_cli(
+        "generate", "--model", str(model), "-n", "2", "--ignore-eos", "--json", "hi",
         timeout=120,
-    )
+        env={"INFER_HOME": str(home), "NO_COLOR": "1"},
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("case", ["missing-file", "wrong-magic", "truncated-half", "unsupported-quant-q2_k"])
