@@ -101,7 +101,7 @@ class Scheduler:
         budget = self.limits.max_batched_tokens
         for seq in self.running:
             if seq.phase is Phase.DECODE and budget > 0:
-                work.append(ScheduledWork(seq, seq.num_cached, (seq.all_ids[-1],), True))
+                work.append(ScheduledWork(seq, seq.num_cached, (seq.last_token,), True))
                 budget -= 1
         for seq in self.running:
             if seq.phase is not Phase.PREFILL or budget <= 0:

@@ -40,9 +40,9 @@ class Sequence:
         return self.request.prompt_ids
 
     @property
-    def all_ids(self) -> tuple[int, ...]:
-        """Prompt followed by generated tokens."""
-        return self.request.prompt_ids + tuple(self.generated)
+    def last_token(self) -> int:
+        """The newest token (the next one a decode step feeds), without copying the history."""
+        return self.generated[-1] if self.generated else self.request.prompt_ids[-1]
 
     def step_label(self) -> tuple[str, int]:
         """(phase, index) of the step this sequence is about to run, as fault hooks and errors name it."""
