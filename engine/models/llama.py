@@ -121,7 +121,7 @@ class LlamaModel:
                 )
             )
         self.embed = backend.upload(weights["model.embed_tokens.weight"])
-        # [vocab, hidden]: logits = h @ lm_head.T, which BLAS reads transposed without a copy.
+        # [vocab, hidden], shared with the embedding when tied; Backend.logits reads it transposed.
         self.lm_head = self.embed if config.tie_word_embeddings else backend.upload(weights["lm_head.weight"])
         self.final_norm = backend.upload(weights["model.norm.weight"])
         self._inv_freq = inverse_frequencies(config, checkpoint.rope_freq_factors)
