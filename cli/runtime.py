@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -98,7 +99,7 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
     path = resolve_model_path(settings.model)
     config = engine_config(settings)
     if max_num_seqs is not None:
-        config = EngineConfig(**{**config.__dict__, "max_num_seqs": max_num_seqs})
+        config = replace(config, max_num_seqs=max_num_seqs)
     try:
         return load_engine(path, config, choice.selected)
     except ModelLoadError as exc:

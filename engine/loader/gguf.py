@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,7 @@ def load_gguf(path: Path) -> Checkpoint:
             weights[name] = array
     config = _config_from_metadata(meta, path, has_output="lm_head.weight" in weights)
     if "model.layers.0.self_attn.q_proj.bias" in weights:
-        config = ModelConfig(**{**config.__dict__, "attention_bias": True})
+        config = replace(config, attention_bias=True)
     check_weights(config, weights, str(path))
     if freq_factors is not None and freq_factors.shape != (config.head_dim // 2,):
         raise ModelLoadError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,7 @@ def load_safetensors_dir(folder: Path) -> Checkpoint:
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     elif "lm_head.weight" not in weights:
-        config = ModelConfig(**{**config.__dict__, "tie_word_embeddings": True})
+        config = replace(config, tie_word_embeddings=True)
     check_weights(config, weights, str(folder))
     tokenizer_config_path = folder / "tokenizer_config.json"
     tokenizer_config = _read_json(tokenizer_config_path) if tokenizer_config_path.exists() else None
