@@ -167,7 +167,7 @@ class Engine:
             logits = self._execute(runnable)
             for item in runnable:
                 if item.sequence.phase is not Phase.FINISHED:
-                    self._update(item, logits.get(id(item.sequence)))
+                    self._update(item, *logits.get(id(item.sequence), (None, None)))
             return True
 
     def _run_fault_hook(self, seq: Sequence) -> bool:
@@ -182,7 +182,9 @@ class Engine:
             return False
         return True
 
-    def _forward(self, work: list[ScheduledWork]) -> dict[int, np.ndarray]:
+    def _forward(self, work: list[ScheduledWork]) -> dict[int, tuple[np.ndarray, int | None]]:
+        """Run one ragged batch; each sampling sequence gets its logits row and, when its params are
+        plain greedy, the row's argmax (taken for the whole batch in one call)."""
         rows: list[int] = []
         segments: list[Segment] = []
         logit_rows: list[int] = []
@@ -198,9 +200,12 @@ class Engine:
             np.asarray(rows, dtype=np.int64), tuple(segments), np.asarray(logit_rows, dtype=np.int64)
         )
         logits = self.model.forward(batch, self.cache)
-        return {owner: logits[i] for i, owner in enumerate(owners)}
+        argmax: list[int | None] = [None] * len(owners)
+        if any(item.needs_logits and item.sequence.request.sampling.is_plain_greedy for item in work):
+            argmax = logits.argmax(axis=1).tolist()
+        return {owner: (logits[i], argmax[i]) for i, owner in enumerate(owners)}
 
-    def _execute(self, work: list[ScheduledWork]) -> dict[int, np.ndarray]:
+    def _execute(self, work: list[ScheduledWork]) -> dict[int, tuple[np.ndarray, int | None]]:
         """One forward for the whole batch; if it fails, rerun each sequence alone so only the
         sequence whose step really fails is ended (each rerun rewrites the same cache positions)."""
         if not work:
@@ -211,7 +216,7 @@ class Engine:
             if len(work) == 1:
                 self._fail(work[0].sequence, exc)
                 return {}
-        logits: dict[int, np.ndarray] = {}
+        logits: dict[int, tuple[np.ndarray, int | None]] = {}
         for item in work:
             try:
                 logits |= self._forward([item])
@@ -219,7 +224,7 @@ class Engine:
                 self._fail(item.sequence, exc)
         return logits
 
-    def _update(self, item: ScheduledWork, logits: np.ndarray | None) -> None:
+    def _update(self, item: ScheduledWork, logits: np.ndarray | None, argmax: int | None) -> None:
         seq = item.sequence
         seq.num_cached = item.start + len(item.tokens)
         assert seq.slot is not None
@@ -232,7 +237,7 @@ class Engine:
         seq.phase = Phase.DECODE
         position = len(seq.generated)
         try:
-            sampled = seq.sampler.sample(logits, position)
+            sampled = seq.sampler.sample(logits, position, argmax=argmax)
         except Exception as exc:
             self._fail(seq, exc, "sampling")
             return

@@ -23,8 +23,9 @@ class TokenEvent:
     """0-based position of the token in the completion."""
     token_id: int
     text: str
-    logprob: float
-    """log p(token) under the model's raw distribution (log_softmax of the logits, before the chain)."""
+    logprob: float | None
+    """log p(token) under the model's raw distribution (log_softmax of the logits, before the chain);
+    None unless the request's sampling params ask for logprobs."""
     top_logprobs: tuple[tuple[int, float], ...]
     """The n_probs most likely tokens under that same distribution, best first."""
     step: int

@@ -90,11 +90,12 @@ class SampledToken:
 
     ``logprob`` and ``top_logprobs`` are under the model's RAW distribution, ``log_softmax(logits)``
     taken BEFORE logit_bias, the mask and the chain (float64 normaliser). ``logprob`` is typed to
-    allow ``-inf`` (a raw ``-inf`` logit), but the chain never draws such a token, so it is finite.
+    allow ``-inf`` (a raw ``-inf`` logit), but the chain never draws such a token, so it is finite;
+    it is None unless the params ask for logprobs.
     """
 
     token_id: int
-    logprob: float
+    logprob: float | None
     top_logprobs: tuple[tuple[int, float], ...]
 
 
@@ -151,11 +152,9 @@ class SequenceSampler:
         self._mu_stack: list[float] = []
         self._pending: tuple[int, np.ndarray, np.ndarray] | None = None
         self._n_xtc = params.samplers.count("xtc") if params.mirostat == 0 else 0
-        p = params
-        self._pen_on = p.repeat_last_n != 0 and (
-            p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-        )
-        self._dry_on = p.dry_multiplier > 0.0 and p.dry_penalty_last_n != 0
+        self._pen_on = params.penalties_active
+        self._dry_on = params.dry_active
+        self._plain_greedy = params.is_plain_greedy
 
     # ----------------------------------------------------------------- history
 
@@ -340,13 +339,24 @@ class SequenceSampler:
             return ids, probs
         return self._chain(w, pos, self._rng.uniforms(pos, 1 + self._n_xtc))
 
-    def sample(self, logits: np.ndarray, position: int, allowed: np.ndarray | None = None) -> SampledToken:
+    def sample(
+        self,
+        logits: np.ndarray,
+        position: int,
+        allowed: np.ndarray | None = None,
+        argmax: int | None = None,
+    ) -> SampledToken:
         """Draw this step's token. ``logits`` (float32 [vocab]) is not mutated.
 
         ``position`` is the 0-based index of the generated token within the request; the draw's
         randomness depends only on (seed, position). ``allowed`` is an optional bool mask [vocab].
-        Raises :class:`NoFiniteLogitsError` if no token can be drawn.
+        ``argmax`` is ``logits.argmax()`` when the caller took it for a whole batch at once; plain
+        greedy params (:attr:`SamplingParams.is_plain_greedy`) then only check that its logit is
+        finite (argmax lands on a NaN if there is one). Raises :class:`NoFiniteLogitsError` if no
+        token can be drawn.
         """
+        if argmax is not None and allowed is None and self._plain_greedy and np.isfinite(logits[argmax]):
+            return SampledToken(int(argmax), None, ())
         pos = self._check_position(position)
         x, w = self._prepare(logits, allowed)
         if self.params.is_greedy:
@@ -359,6 +369,8 @@ class SequenceSampler:
             cdf = np.cumsum(probs)
             j = int(np.searchsorted(cdf, u[0] * cdf[-1], side="right"))
             token = int(ids[min(j, ids.shape[0] - 1)])
+        if not self.params.logprobs:
+            return SampledToken(token, None, ())
         top = float(x.max())
         lse = top + math.log(float(np.exp(x - top).sum(dtype=np.float64)))
         logprob = float(x[token]) - lse

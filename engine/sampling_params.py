@@ -274,6 +274,9 @@ class SamplingParams:
     """Seed in [0, 2**64). ``None`` = fresh random seed (:func:`resolve_seed`); -1 normalises to None."""
     n_probs: int = 0
     """How many top alternatives (token, logprob) to report per token, >= 0. ``0`` = off."""
+    logprobs: bool = False
+    """Report each sampled token's log-probability; ``n_probs`` > 0 implies it. Off by default, as in
+    vLLM and llama.cpp: it costs a log-softmax over the whole vocabulary per token."""
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     """Stage order: names from :data:`SAMPLER_STAGES`, a list or a ';'-separated string, or
     llama.cpp letters ("edskypmxt"). Repeats apply again; omitted stages are skipped."""
@@ -287,6 +290,11 @@ class SamplingParams:
             put(self, name, _as_int(name, getattr(self, name)))
         for name in ("mirostat", "min_keep", "n_probs"):
             put(self, name, _as_int(name, getattr(self, name)))
+        if not isinstance(self.logprobs, bool):
+            raise SamplingParamsError(
+                "logprobs", self.logprobs, f"logprobs must be true or false, got {self.logprobs!r}."
+            )
+        put(self, "logprobs", bool(self.logprobs) or self.n_probs > 0)
 
         put(self, "temperature", max(self.temperature, 0.0))
         put(self, "top_k", max(self.top_k, 0))
@@ -332,6 +340,32 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """True when sampling is a deterministic argmax (``temperature <= 0``)."""
         return self.temperature <= 0.0
+
+    @property
+    def is_plain_greedy(self) -> bool:
+        """True when the token is the argmax of the raw logits: greedy with no logit_bias, no active
+        penalties or DRY, no mirostat state and no logprobs to report. The engine takes such rows'
+        argmax for the whole batch at once."""
+        return (
+            self.is_greedy
+            and not self.logit_bias
+            and not self.penalties_active
+            and not self.dry_active
+            and self.mirostat == 0
+            and not self.logprobs
+        )
+
+    @property
+    def penalties_active(self) -> bool:
+        """Whether the repetition/frequency/presence penalties change any logit."""
+        return self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+        )
+
+    @property
+    def dry_active(self) -> bool:
+        """Whether DRY changes any logit."""
+        return self.dry_multiplier > 0.0 and self.dry_penalty_last_n != 0
 
     def replace(self, **changes: Any) -> SamplingParams:
         """A validated copy with ``changes`` applied."""

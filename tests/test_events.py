@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from infer.engine.backends.probe import BACKENDS, probe_backend, select_backend
@@ -47,8 +48,8 @@ same steps."""
 
 
 def sampled(seed: int) -> SamplingParams:
-    """Temperature 1 with the default sampler chain: must not reproduce greedy."""
-    return SamplingParams(temperature=1.0, seed=seed)
+    """Temperature 1 with the default sampler chain, reporting logprobs: must not reproduce greedy."""
+    return SamplingParams(temperature=1.0, seed=seed, logprobs=True)
 
 
 # ---- the fault hook: injected failures and the streaming gate ------------------------------------
@@ -263,7 +264,10 @@ def check_stream(run: Run, engine: Engine, *, finish: str = "length") -> None:
     if request.sampling.seed is not None:
         assert done.seed == request.sampling.seed
     for t in tokens:
-        assert math.isfinite(t.logprob) and t.logprob <= 0.0
+        if request.sampling.logprobs:
+            assert t.logprob is not None and math.isfinite(t.logprob) and t.logprob <= 0.0
+        else:
+            assert t.logprob is None, "a logprob nobody asked for (a log-softmax per token wasted)"
     # The detokenizer through the engine: text only in whole characters (no U+FFFD of its own).
     if not request.stop:
         decoded = engine.tokenizer.decode(done.token_ids, skip_special=request.skip_special)
@@ -439,6 +443,52 @@ def test_no_finite_logits_is_an_error_not_a_crash(cpu_engine: Engine) -> None:
         assert "after 0 tokens" in failed.done.error and "-inf" in failed.done.error
     check_stream(ok, engine)
     assert ok.done.token_ids == alone(engine, ok.request.prompt_ids, GREEDY)
+
+
+def test_greedy_rows_with_and_without_logprobs_share_a_batch(cpu_engine: Engine) -> None:
+    """Plain greedy rows take the batch-wide argmax, rows asking for logprobs the full sampler: the
+    same tokens either way, and a logprob only where one was asked for (the greedy token's logprob
+    is the row's largest)."""
+    engine = cpu_engine
+    with_logprobs = SamplingParams(temperature=0.0, logprobs=True)
+    prompts = same_length(engine, 4)
+    params = [GREEDY, with_logprobs, GREEDY, with_logprobs]
+    requests = [
+        Request(p, s, max_tokens=N_TOKENS, ignore_eos=True) for p, s in zip(prompts, params, strict=True)
+    ]
+    runs = consume_pull(engine, requests)
+    for run in runs:
+        check_stream(run, engine)
+        assert run.done.token_ids == alone(engine, run.request.prompt_ids, GREEDY)
+        if run.request.sampling.logprobs:  # the argmax has at least the uniform share, 1 / vocab
+            floor = -math.log(engine.model.vocab_size) - 1e-6
+            assert all(floor <= t.logprob <= 0.0 for t in run.tokens)
+
+
+def test_nan_logits_end_only_their_request(cpu_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN row through the batch-wide argmax (which lands on the NaN) is still the sampler's error,
+    naming the step; the plain greedy request beside it is untouched."""
+    engine = cpu_engine
+    prompts = same_length(engine, 2)
+    poisoned = Request(prompts[0], GREEDY, max_tokens=N_TOKENS, ignore_eos=True)
+    healthy = Request(prompts[1], GREEDY, max_tokens=N_TOKENS, ignore_eos=True)
+    forward = engine.model.forward
+
+    def poisoning_forward(batch, cache):  # type: ignore[no-untyped-def]
+        logits = forward(batch, cache)
+        slots = [seg.slot for seg in batch.segments]
+        for seq in engine.scheduler.running:
+            if seq.request.request_id == poisoned.request_id and len(seq.generated) == 2:
+                logits[slots.index(seq.slot), 7] = np.nan
+        return logits
+
+    monkeypatch.setattr(engine.model, "forward", poisoning_forward)
+    bad, good = consume_pull(engine, [poisoned, healthy], strict=False)
+    check_stream(bad, engine, finish="error")
+    assert len(bad.done.token_ids) == 2
+    assert re.search(r"\bdecode step 2\b.*NaN", bad.done.error), bad.done.error
+    check_stream(good, engine)
+    assert good.done.token_ids == alone(engine, healthy.prompt_ids, GREEDY)
 
 
 # ---- 3. the detokenizer through the engine -------------------------------------------------------

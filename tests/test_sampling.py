@@ -311,6 +311,45 @@ def test_logprobs_are_raw_log_softmax_before_bias_and_chain():
     assert make(vocab=6).sample(logits, 0).top_logprobs == ()
 
 
+def test_logprobs_only_when_asked():
+    logits = np.array([2.0, 1.0, 0.5, -1.0], dtype=np.float32)
+    assert make(SamplingParams(temperature=0), vocab=4).sample(logits, 0).logprob is None
+    assert make(SamplingParams(temperature=1, seed=3), vocab=4).sample(logits, 0).logprob is None
+    asked = make(SamplingParams(temperature=0, logprobs=True), vocab=4).sample(logits, 0)
+    assert asked.logprob == pytest.approx(np.log(softmax(logits))[0], abs=1e-6) and asked.top_logprobs == ()
+    assert SamplingParams(n_probs=2).logprobs, "alternatives imply the sampled token's logprob"
+    with pytest.raises(SamplingParamsError) as err:
+        SamplingParams(logprobs="yes")  # type: ignore[arg-type]
+    assert err.value.parameter == "logprobs"
+
+
+def test_plain_greedy_takes_the_batch_argmax_and_everything_else_ignores_it():
+    logits = np.array([0.5, 3.0, 1.0, -1.0], dtype=np.float32)
+    plain = SamplingParams(temperature=0)
+    assert plain.is_plain_greedy
+    assert make(plain, vocab=4).sample(logits, 0, argmax=1).token_id == 1
+    # A NaN row: argmax lands on the NaN, and the sampler's own check reports it.
+    poisoned = logits.copy()
+    poisoned[2] = np.nan
+    with pytest.raises(NoFiniteLogitsError, match="NaN"):
+        make(plain, vocab=4).sample(poisoned, 0, argmax=int(np.argmax(poisoned)))
+    # Params that change the argmax never take the hint (a wrong hint shows it).
+    for params in (
+        SamplingParams(temperature=0, logit_bias={3: 10.0}),
+        SamplingParams(temperature=0, repeat_penalty=1.5),
+        SamplingParams(temperature=0, dry_multiplier=0.8),
+        SamplingParams(temperature=0, mirostat=2),
+        SamplingParams(temperature=0, logprobs=True),
+        SamplingParams(temperature=0.7, seed=1),
+    ):
+        assert not params.is_plain_greedy, params
+        expected = make(params, vocab=4, prompt_ids=[1, 1]).sample(logits, 0).token_id
+        assert make(params, vocab=4, prompt_ids=[1, 1]).sample(logits, 0, argmax=0).token_id == expected
+    # A grammar mask is the caller's, so the hint is ignored with one too.
+    allowed = np.array([True, False, True, True])
+    assert make(plain, vocab=4).sample(logits, 0, allowed, argmax=1).token_id == 2
+
+
 def test_logprob_matches_float64_reference_on_a_large_vocab():
     logits = (np.random.default_rng(3).standard_normal(49152) * 4).astype(np.float32)
     x = logits.astype(np.float64)

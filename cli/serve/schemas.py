@@ -111,6 +111,7 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         count = self.logprob_count()
         if count is not None:
             overrides["n_probs"] = count
+            overrides["logprobs"] = True
         try:
             params = settings.sampling_params(**overrides)
             if vocab_size is not None:

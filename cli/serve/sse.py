@@ -28,9 +28,9 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def finite_or_none(value: float) -> float | None:
+def finite_or_none(value: float | None) -> float | None:
     """A log-probability for JSON: -inf (a token the model gives no mass) becomes null."""
-    return value if math.isfinite(value) else None
+    return value if value is not None and math.isfinite(value) else None
 
 
 def dumps(value: Any) -> str:

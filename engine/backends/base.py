@@ -55,6 +55,11 @@ class Backend(Protocol):
         """SwiGLU: silu(gate) * up for gate_up = [gate | up] along the last axis, each `width` wide."""
         ...
 
+    def exp_rows(self, scores: Array) -> tuple[Array, Array]:
+        """Unnormalised softmax over the last axis: (weights, sums [..., 1]) with weights the exp of
+        each row shifted by a constant of that row, so softmax = weights / sums; may reuse `scores`."""
+        ...
+
     def softmax_(self, scores: Array) -> Array:
         """Softmax over the last axis, in place where possible; -inf entries get probability 0."""
         ...

@@ -163,7 +163,9 @@ class LlamaModel:
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         plan = _AttentionPlan.build(batch.segments)
 
-        hidden = self.embed[xp.asarray(batch.token_ids)]
+        # The residual stream is kept column-major, the layout Backend.linear returns on the cpu
+        # backend: the two residual adds per layer then run over contiguous memory.
+        hidden = xp.asfortranarray(self.embed[xp.asarray(batch.token_ids)])
         for index, layer in enumerate(self.layers):
             qkv = backend.linear(backend.rms_norm(hidden, None, c.rms_norm_eps), layer.qkv)
             if layer.qkv_bias is not None:
@@ -231,8 +233,11 @@ class LlamaModel:
         scores = dense_q @ keys[lo:hi, :, :width].transpose(0, 1, 3, 2)
         if plan.decode_mask is not None:
             scores += plan.decode_mask
-        self.backend.softmax_(scores)
-        return scores @ values[lo:hi, :, :width]
+        # Normalising the [.., group, head_dim] output instead of the scores saves a pass over them.
+        weights, sums = self.backend.exp_rows(scores)
+        out = weights @ values[lo:hi, :, :width]
+        out /= sums
+        return out
 
 
 def _causal_mask(start: int, length: int) -> np.ndarray:
