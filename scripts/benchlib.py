@@ -35,16 +35,16 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def matmul_ceiling(model: LlamaModel, rows: int, repeats: int = 5) -> float:
-    """Median seconds of one step's matmuls alone (every weight of every layer plus the vocabulary
-    projection, `rows` rows): what numpy cannot beat, the yardstick for framework overhead."""
+def matmul_step(model: LlamaModel, rows: int) -> Callable[[], None]:
+    """One step's matmuls alone (every weight of every layer plus the vocabulary projection, `rows`
+    rows, through the backend's own linear/logits): what numpy cannot beat, the yardstick for
+    framework overhead."""
     hidden = model.config.hidden_size
     x = np.random.default_rng(0).standard_normal((rows, hidden)).astype(np.float32)
     inter = model.config.intermediate_size
     q_width = model.config.num_attention_heads * model.config.head_dim
     h = np.random.default_rng(1).standard_normal((rows, inter)).astype(np.float32)
     a = np.random.default_rng(2).standard_normal((rows, q_width)).astype(np.float32)
-
     linear = model.backend.linear
 
     def step() -> None:
@@ -55,4 +55,16 @@ def matmul_ceiling(model: LlamaModel, rows: int, repeats: int = 5) -> float:
             linear(h, layer.down)
         model.backend.logits(x, model.lm_head)
 
-    return median_seconds(step, repeats)
+    return step
+
+
+def matmul_ceiling(model: LlamaModel, rows: int, repeats: int = 5) -> float:
+    """Median seconds of :func:`matmul_step` with `rows` rows."""
+    return median_seconds(matmul_step(model, rows), repeats)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds one call of `fn` takes."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
