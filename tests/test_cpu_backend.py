@@ -43,6 +43,21 @@ def test_exp_rows_is_a_softmax_whatever_the_range(scale: float, shift: float) ->
     np.testing.assert_allclose(out, softmax64(scores) @ values.astype(np.float64), rtol=1e-4, atol=1.0)
 
 
+def test_exp_rows_treats_each_row_on_its_own() -> None:
+    """One out-of-range row in a batch changes nothing in the other rows, bit for bit."""
+    rng = np.random.default_rng(4)
+    scores = rng.standard_normal((6, 3, 1, 20)).astype(np.float32)
+    alone_weights, alone_sums = BACKEND.exp_rows(scores.copy())
+    mixed = scores.copy()
+    mixed[4, 1, 0] += 95.0  # this row overflows unshifted
+    weights, sums = BACKEND.exp_rows(mixed.copy())
+    keep = np.ones(scores.shape[:-1], dtype=bool)
+    keep[4, 1, 0] = False
+    assert np.array_equal(weights[keep], alone_weights[keep])
+    assert np.array_equal(sums[keep], alone_sums[keep])
+    np.testing.assert_allclose((weights / sums)[4, 1, 0], softmax64(mixed)[4, 1, 0], rtol=2e-5, atol=1e-7)
+
+
 def test_exp_rows_with_masked_positions() -> None:
     scores = np.random.default_rng(1).standard_normal((5, 2, 1, 9)).astype(np.float32)
     scores[:, :, :, 6:] = -np.inf

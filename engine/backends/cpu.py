@@ -86,20 +86,25 @@ class CpuBackend:
 
     def exp_rows(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """exp without the usual row-max pass (the slowest part of a small softmax), since attention
-        scores rarely leave [-69, 69]. The result is taken only when every row sum lies in
-        [1e-30, 1e30]: then what underflows is below 1e-15 of its row's sum, and weights @ values
-        cannot overflow float32 for any |value| below 3e8. Otherwise the rows are redone shifted by
-        their maxima, in place in `scores`."""
+        scores rarely leave [-69, 69]. A row keeps the unshifted exp when its sum lies in
+        [1e-30, 1e30]: then what underflows is below 1e-15 of the sum, and weights @ values cannot
+        overflow float32 for any |value| below 3e8. Rows outside that range are redone shifted by
+        their maxima; the choice is per row, so a row's result never depends on its batch."""
+        width = scores.shape[-1]
         with np.errstate(over="ignore", under="ignore"):
             weights = np.exp(scores)
         # One matrix-vector product sums every short row: 8x faster than a reduction over the last axis.
-        width = weights.shape[-1]
-        sums = (weights.reshape(-1, width) @ np.ones(width, dtype=np.float32)).reshape(*weights.shape[:-1], 1)
-        if sums.min() >= 1e-30 and sums.max() <= 1e30:  # NaN fails both comparisons
+        sums = (weights.reshape(-1, width) @ np.ones(width, dtype=np.float32)).reshape(*scores.shape[:-1], 1)
+        if sums.min() >= 1e-30 and sums.max() <= 1e30:  # the common case; NaN fails both comparisons
             return weights, sums
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        return scores, scores.sum(axis=-1, keepdims=True)
+        flat_weights, flat_sums = weights.reshape(-1, width), sums.reshape(-1)
+        redo = ~((flat_sums >= 1e-30) & (flat_sums <= 1e30))
+        shifted = scores.reshape(-1, width)[redo]
+        shifted -= shifted.max(axis=-1, keepdims=True)
+        np.exp(shifted, out=shifted)
+        flat_weights[redo] = shifted
+        flat_sums[redo] = shifted.sum(axis=-1)
+        return weights, sums
 
     def softmax_(self, scores: np.ndarray) -> np.ndarray:
         """In-place softmax over the last axis."""
