@@ -14,7 +14,9 @@ class KVCache:
     """Keys and values for every layer and slot: arrays [layers, slots, kv_heads, capacity, head_dim].
 
     The arrays are allocated once. On the CPU backend np.zeros maps zero pages lazily, so a slot only
-    costs memory for the positions it has written. `lengths[slot]` is how many positions are valid.
+    costs memory for the pages it has written; numpy asks for transparent huge pages on arrays this
+    large, so where THP is on those pages are 2 MB and a few positions of every slot commit most of
+    the cache. `lengths[slot]` is how many positions are valid.
     """
 
     keys: Array
