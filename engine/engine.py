@@ -201,7 +201,7 @@ class Engine:
         )
         logits = self.model.forward(batch, self.cache)
         argmax: list[int | None] = [None] * len(owners)
-        if any(item.needs_logits and item.sequence.request.sampling.is_plain_greedy for item in work):
+        if any(item.needs_logits and item.sequence.sampler.plain_greedy for item in work):
             argmax = logits.argmax(axis=1).tolist()
         return {owner: (logits[i], argmax[i]) for i, owner in enumerate(owners)}
 

@@ -154,7 +154,9 @@ class SequenceSampler:
         self._n_xtc = params.samplers.count("xtc") if params.mirostat == 0 else 0
         self._pen_on = params.penalties_active
         self._dry_on = params.dry_active
-        self._plain_greedy = params.is_plain_greedy
+        self.plain_greedy = params.is_plain_greedy
+        """Cached :attr:`SamplingParams.is_plain_greedy`: whether a batch-wide argmax is this
+        sampler's whole draw (see :meth:`sample`)."""
 
     # ----------------------------------------------------------------- history
 
@@ -355,7 +357,7 @@ class SequenceSampler:
         finite (argmax lands on a NaN if there is one). Raises :class:`NoFiniteLogitsError` if no
         token can be drawn.
         """
-        if argmax is not None and allowed is None and self._plain_greedy and np.isfinite(logits[argmax]):
+        if argmax is not None and allowed is None and self.plain_greedy and np.isfinite(logits[argmax]):
             return SampledToken(int(argmax), None, ())
         pos = self._check_position(position)
         x, w = self._prepare(logits, allowed)

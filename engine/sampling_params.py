@@ -294,7 +294,7 @@ class SamplingParams:
             raise SamplingParamsError(
                 "logprobs", self.logprobs, f"logprobs must be true or false, got {self.logprobs!r}."
             )
-        put(self, "logprobs", bool(self.logprobs) or self.n_probs > 0)
+        put(self, "logprobs", self.logprobs or self.n_probs > 0)
 
         put(self, "temperature", max(self.temperature, 0.0))
         put(self, "top_k", max(self.top_k, 0))

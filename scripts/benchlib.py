@@ -27,12 +27,7 @@ def peak_rss_mb() -> float:
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     """Median wall time of `repeats` calls after one warm-up call."""
     fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timed(fn) for _ in range(repeats))
 
 
 def matmul_step(model: LlamaModel, rows: int) -> Callable[[], None]:

@@ -95,10 +95,10 @@ class CpuBackend:
             weights = np.exp(scores)
         # One matrix-vector product sums every short row: 8x faster than a reduction over the last axis.
         sums = (weights.reshape(-1, width) @ np.ones(width, dtype=np.float32)).reshape(*scores.shape[:-1], 1)
-        if sums.min() >= 1e-30 and sums.max() <= 1e30:  # the common case; NaN fails both comparisons
-            return weights, sums
         flat_weights, flat_sums = weights.reshape(-1, width), sums.reshape(-1)
-        redo = ~((flat_sums >= 1e-30) & (flat_sums <= 1e30))
+        redo = ~((flat_sums >= 1e-30) & (flat_sums <= 1e30))  # NaN fails both comparisons
+        if not redo.any():
+            return weights, sums
         shifted = scores.reshape(-1, width)[redo]
         shifted -= shifted.max(axis=-1, keepdims=True)
         np.exp(shifted, out=shifted)
