@@ -89,3 +89,13 @@ def test_rms_norm_for_either_memory_order(order: str) -> None:
     x64 = x.astype(np.float64)
     expected = x64 / np.sqrt((x64**2).mean(axis=1, keepdims=True) + 1e-5) * weight
     np.testing.assert_allclose(BACKEND.rms_norm(x, weight, 1e-5), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (1, 4, 16, 64), (7,)])
+def test_zeros_start_on_a_cache_line(shape: tuple[int, ...]) -> None:
+    # The KV cache comes from here: a 256-byte key row must not straddle an extra cache line.
+    arrays = [BACKEND.zeros(shape) for _ in range(8)]  # several, so one lucky malloc cannot pass alone
+    for array in arrays:
+        assert array.ctypes.data % 64 == 0
+        assert array.shape == shape and array.dtype == np.float32 and array.flags.c_contiguous
+        assert not array.any()
