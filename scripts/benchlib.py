@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from infer.engine.engine import Engine, EngineConfig, load_engine
+from infer.engine.kv_cache import KVCache
 from infer.engine.model_store import ensure_default_model
 from infer.engine.models.llama import LlamaModel
 
@@ -34,17 +35,36 @@ def matmul_step(model: LlamaModel, rows: int) -> Callable[[], None]:
     """One step's matmuls alone (every weight of every layer plus the vocabulary projection, `rows`
     rows, through the backend's own linear/logits): what numpy cannot beat, the yardstick for
     framework overhead."""
-    hidden = model.config.hidden_size
-    x = np.random.default_rng(0).standard_normal((rows, hidden)).astype(np.float32)
-    inter = model.config.intermediate_size
-    q_width = model.config.num_attention_heads * model.config.head_dim
-    h = np.random.default_rng(1).standard_normal((rows, inter)).astype(np.float32)
-    a = np.random.default_rng(2).standard_normal((rows, q_width)).astype(np.float32)
+    weights_step = _matmuls(model, rows, None)
+    return lambda: weights_step(0)
+
+
+def attention_matmul_step(model: LlamaModel, cache: KVCache, rows: int) -> Callable[[int], None]:
+    """:func:`matmul_step` plus each layer's two decode-attention matmuls (scores = q @ keys.T and
+    probabilities @ values over `width` cached positions of slots 0..rows-1 of `cache`, in the
+    layer order a real step reads them): every matmul of a decode step, on the cache's own memory."""
+    return _matmuls(model, rows, cache)
+
+
+def _matmuls(model: LlamaModel, rows: int, cache: KVCache | None) -> Callable[[int], None]:
+    config = model.config
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, config.hidden_size)).astype(np.float32)
+    h = rng.standard_normal((rows, config.intermediate_size)).astype(np.float32)
+    a = rng.standard_normal((rows, config.num_attention_heads * config.head_dim)).astype(np.float32)
+    kv_heads = config.num_key_value_heads
+    group = config.num_attention_heads // kv_heads
+    q = rng.standard_normal((rows, kv_heads, group, config.head_dim)).astype(np.float32)
+    capacity = cache.capacity if cache is not None else 0
+    probabilities = rng.random((rows, kv_heads, group, capacity)).astype(np.float32)
     linear = model.backend.linear
 
-    def step() -> None:
-        for layer in model.layers:
+    def step(width: int) -> None:
+        for index, layer in enumerate(model.layers):
             linear(x, layer.qkv)
+            if cache is not None and width:
+                q @ cache.keys[index, :rows, :, :width].transpose(0, 1, 3, 2)
+                probabilities[..., :width] @ cache.values[index, :rows, :, :width]
             linear(a, layer.out)
             linear(x, layer.gate_up)
             linear(h, layer.down)
