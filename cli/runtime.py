@@ -12,6 +12,7 @@ from rich.progress import (
     DownloadColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TransferSpeedColumn,
@@ -30,30 +31,26 @@ STDERR = Console(stderr=True)
 """Every notice, progress bar and log goes to stderr so stdout stays machine-readable."""
 
 
-def counting_progress(console: Console = STDERR) -> Progress:
-    """A transient 'done/total' progress bar on stderr (hidden when stderr is not a terminal)."""
+def _transient_bar(console: Console, *columns: ProgressColumn) -> Progress:
+    """A description, a bar and `columns`, cleared when done and hidden when `console` is no terminal."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
+        *columns,
         console=console,
         transient=True,
         disable=not console.is_terminal,
     )
+
+
+def counting_progress(console: Console = STDERR) -> Progress:
+    """A transient 'done/total' progress bar on stderr (hidden when stderr is not a terminal)."""
+    return _transient_bar(console, MofNCompleteColumn(), TimeElapsedColumn())
 
 
 def pull_with_progress(spec: ModelSpec, console: Console = STDERR) -> Path:
     """Pull a known model into the cache, showing a rich progress bar on stderr."""
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    )
+    progress = _transient_bar(console, DownloadColumn(), TransferSpeedColumn())
     with progress:
         task = progress.add_task(f"pull {spec.name}", total=None)
 
