@@ -357,9 +357,9 @@ class SequenceSampler:
         finite (argmax lands on a NaN if there is one). Raises :class:`NoFiniteLogitsError` if no
         token can be drawn.
         """
+        pos = self._check_position(position)
         if argmax is not None and allowed is None and self.plain_greedy and np.isfinite(logits[argmax]):
             return SampledToken(int(argmax), None, ())
-        pos = self._check_position(position)
         x, w = self._prepare(logits, allowed)
         if self.params.is_greedy:
             token = self._greedy(w)
