@@ -14,7 +14,7 @@ from infer.engine.chat import ChatTemplateError
 from infer.engine.engine import Engine
 from infer.engine.events import DoneEvent
 from infer.engine.prompts import prompt_ids
-from infer.engine.request import Request, RequestError
+from infer.engine.request import Request
 from infer.engine.settings import Settings
 
 PANEL_IO = "Input & output"
@@ -68,7 +68,7 @@ def build_request(
             ignore_eos=ignore_eos,
         )
         engine.validate(request)
-    except (RequestError, ChatTemplateError, ValueError) as exc:
+    except (ChatTemplateError, ValueError) as exc:  # RequestError is a ValueError
         fail(str(exc))
     return request
 
