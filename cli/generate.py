@@ -22,8 +22,8 @@ from infer.cli.generation import (
 )
 from infer.cli.options import fail, with_settings
 from infer.cli.runtime import open_engine
-from infer.engine.events import DoneEvent, TokenEvent
-from infer.engine.settings import Settings
+from infer.engine.runtime.events import DoneEvent, TokenEvent
+from infer.profiles.settings import Settings
 
 
 def _read_messages(path: Path) -> list[dict]:

@@ -10,12 +10,12 @@ from typing import Annotated, Any, Optional
 import typer
 
 from infer.cli.options import fail
-from infer.engine.chat import ChatTemplateError
-from infer.engine.engine import Engine
-from infer.engine.events import DoneEvent
-from infer.engine.prompts import prompt_ids
-from infer.engine.request import Request
-from infer.engine.settings import Settings
+from infer.engine.runtime.engine import Engine
+from infer.engine.runtime.events import DoneEvent
+from infer.engine.runtime.request import Request
+from infer.engine.text.chat import ChatTemplateError
+from infer.engine.text.prompts import prompt_ids
+from infer.profiles.settings import Settings
 
 PANEL_IO = "Input & output"
 

@@ -2,8 +2,8 @@
 
 import typer
 
-from infer.cli.bench import bench
-from infer.cli.gate import gate
+from infer.cli.bench.command import bench
+from infer.cli.gate.command import gate
 from infer.cli.generate import generate
 from infer.cli.models_cmd import models_app
 from infer.cli.profiles_cmd import profiles_app

@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from infer.cli.model_store import ModelStoreError, list_cached, resolve_spec
 from infer.cli.options import fail
 from infer.cli.runtime import pull_with_progress
-from infer.engine.model_store import ModelStoreError, list_cached, resolve_spec
 
 models_app = typer.Typer(
     help="Fetch and list models in the local cache.", no_args_is_help=True, add_completion=False

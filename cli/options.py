@@ -16,8 +16,8 @@ from typing import Any, NoReturn, Optional, get_args
 import typer
 
 from infer.engine.sampling import SamplingParamsError
-from infer.engine.settings import SETTINGS, Settings, SettingsError, SettingSpec, resolve_settings
 from infer.profiles.loader import ProfileError
+from infer.profiles.settings import SETTINGS, Settings, SettingsError, SettingSpec, resolve_settings
 
 PANEL_MODEL = "Model & profile"
 PANEL_ENGINE = "Engine"

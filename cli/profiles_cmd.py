@@ -12,9 +12,9 @@ from rich.text import Text
 
 from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags
 from infer.engine.backends.probe import choose_backend, fallback_notice
-from infer.engine.settings import Settings
 from infer.profiles.loader import ProfileError, display_path, load_profile, shipped_profiles
 from infer.profiles.schema import ProfileFile
+from infer.profiles.settings import Settings
 
 profiles_app = typer.Typer(
     help="List the hardware profiles and show resolved settings with where each value came from.",

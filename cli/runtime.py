@@ -19,13 +19,13 @@ from rich.progress import (
 )
 from threadpoolctl import threadpool_limits
 
+from infer.cli.model_store import KNOWN_MODELS, ModelSpec, ModelStoreError, pull, resolve_spec
 from infer.cli.options import fail
 from infer.engine.backends.probe import choose_backend, fallback_notice
-from infer.engine.engine import Engine, EngineConfig, load_engine
 from infer.engine.loader import ModelLoadError
-from infer.engine.model_store import KNOWN_MODELS, ModelSpec, ModelStoreError, pull, resolve_spec
-from infer.engine.request import FaultHook
-from infer.engine.settings import Settings
+from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
+from infer.engine.runtime.request import FaultHook
+from infer.profiles.settings import Settings
 
 STDERR = Console(stderr=True)
 """Every notice, progress bar and log goes to stderr so stdout stays machine-readable."""

@@ -24,10 +24,10 @@ from infer.cli.generation import (
 )
 from infer.cli.options import fail, with_settings
 from infer.cli.runtime import open_engine
-from infer.engine.engine import Engine
-from infer.engine.events import DoneEvent, TokenEvent
-from infer.engine.request import Request
-from infer.engine.settings import Settings
+from infer.engine.runtime.engine import Engine
+from infer.engine.runtime.events import DoneEvent, TokenEvent
+from infer.engine.runtime.request import Request
+from infer.profiles.settings import Settings
 
 EXIT_INTERRUPTED = 130
 

@@ -28,7 +28,7 @@ DEFAULT_PROFILE = "cpu"
 
 class ProfileError(Exception):
     """A profile cannot be found, read or validated. The message is one line naming the file, the key
-    path and what is allowed. (`infer.engine.settings.SettingsError` subclasses this.)"""
+    path and what is allowed. (`infer.profiles.settings.SettingsError` subclasses this.)"""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Pydantic models of a profile file: which keys exist, their types, built-in defaults and descriptions.
 
 This module is the one place a setting's type, default and description are written. The settings
-resolver (`infer.engine.settings`) and the CLI flags (`infer.cli.options`) are derived from it.
+resolver (`infer.profiles.settings`) and the CLI flags (`infer.cli.options`) are derived from it.
 
 Range rules for sampler fields are *not* written here: `SamplingParams` (in `infer.engine.sampling`)
 owns them, and the resolver builds one eagerly so a bad profile fails at load, not at the first token.

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from benchlib import attention_matmul_step, load_default, matmul_step, timed
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from infer.engine.engine import Engine, EngineConfig
-from infer.engine.request import Request
+from infer.engine.runtime.engine import Engine, EngineConfig
+from infer.engine.runtime.request import Request
 from infer.engine.sampling import SamplingParams
 
 

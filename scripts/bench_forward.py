@@ -14,8 +14,8 @@ import time
 from benchlib import load_default, matmul_ceiling, peak_rss_mb
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from infer.engine.engine import EngineConfig
-from infer.engine.request import Request
+from infer.engine.runtime.engine import EngineConfig
+from infer.engine.runtime.request import Request
 from infer.engine.sampling import SamplingParams
 
 

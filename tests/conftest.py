@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from infer.engine.model_store import ensure_default_model
+from infer.cli.model_store import ensure_default_model
 
-REFERENCE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
+"""Copies of the oracles in the steering repo's shared/reference (see its README), so any clone can test."""
 
 
 @pytest.fixture(scope="session")

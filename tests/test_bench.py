@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from cli_process import infer_cli
 
-from infer.cli.bench import parse_int_list, plan_tests
-from infer.cli.bench_stats import (
+from infer.cli.bench.command import parse_int_list, plan_tests
+from infer.cli.bench.stats import (
     BenchResult,
     Trace,
     compare_to_baseline,

@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from infer.engine.chat import CHATML_TEMPLATE, ChatTemplateError, render_chat
+from infer.engine.text.chat import CHATML_TEMPLATE, ChatTemplateError, render_chat
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from infer.cli.options import (
 )
 from infer.cli.profiles_cmd import profiles_app
 from infer.engine.sampling import SamplingParamsError
-from infer.engine.settings import SETTINGS, Settings, SettingsError
+from infer.profiles.settings import SETTINGS, Settings, SettingsError
 
 
 @pytest.fixture(autouse=True)

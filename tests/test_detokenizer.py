@@ -8,8 +8,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from infer.engine.detokenizer import IncrementalDetokenizer
-from infer.engine.tokenizer import Tokenizer
+from infer.engine.text.detokenizer import IncrementalDetokenizer
+from infer.engine.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.real_model
 

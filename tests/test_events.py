@@ -27,11 +27,11 @@ import numpy as np
 import pytest
 
 from infer.engine.backends.probe import BACKENDS, probe_backend, select_backend
-from infer.engine.engine import Engine, EngineConfig, load_engine
-from infer.engine.events import DoneEvent, TokenEvent
-from infer.engine.request import Request
+from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
+from infer.engine.runtime.events import DoneEvent, TokenEvent
+from infer.engine.runtime.request import Request
+from infer.engine.runtime.stream import RequestStream
 from infer.engine.sampling import SamplingParams
-from infer.engine.stream import RequestStream
 
 pytest_plugins = ["conftest_synthetic"]
 pytestmark = pytest.mark.usefixtures("single_blas_thread")

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from infer.engine.backends.cpu import CpuBackend
-from infer.engine.engine import Engine, EngineConfig
+from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.loader import load_checkpoint
-from infer.engine.models.llama import ForwardBatch, LlamaModel, Segment
-from infer.engine.request import Request
+from infer.engine.models.llama import LlamaModel
+from infer.engine.runtime.engine import Engine, EngineConfig
+from infer.engine.runtime.request import Request
 from infer.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.real_model

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from cli_process import ROOT, infer_cli
 
-from infer.cli.gate_anchors import (
+from infer.cli.fingerprint import environment_fingerprint, fingerprint_diff
+from infer.cli.gate.anchors import (
     Blessing,
     GateFileError,
     bless_document,
@@ -20,8 +21,7 @@ from infer.cli.gate_anchors import (
     load_anchors,
     token_hash,
 )
-from infer.cli.gate_check import AnchorResult, AnchorRun, find_divergence, relative_gap, write_junit
-from infer.engine.fingerprint import environment_fingerprint, fingerprint_diff
+from infer.cli.gate.check import AnchorResult, AnchorRun, find_divergence, relative_gap, write_junit
 
 SHIPPED = ROOT / "anchors" / "default.yaml"
 

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from infer.cli.main import app
 from infer.engine.backends.probe import probe_backend
-from infer.engine.engine import EngineConfig, load_engine
-from infer.engine.tokenizer import Tokenizer
+from infer.engine.runtime.engine import EngineConfig, load_engine
+from infer.engine.text.tokenizer import Tokenizer
 
 pytest_plugins = ["conftest_synthetic"]
 

@@ -31,8 +31,9 @@ from synthetic import (
 )
 
 from infer.engine.backends.cpu import CpuBackend
+from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.loader import Checkpoint, ModelLoadError, load_checkpoint
-from infer.engine.models.llama import ForwardBatch, LlamaModel, Segment
+from infer.engine.models.llama import LlamaModel
 
 pytest_plugins = ["conftest_synthetic"]  # the tiny-model fixtures
 pytestmark = pytest.mark.usefixtures("single_blas_thread")

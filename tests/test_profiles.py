@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from infer.cli.options import with_settings
 from infer.cli.profiles_cmd import profiles_app
-from infer.engine.settings import Settings
 from infer.profiles.loader import (
     PROFILES_DIR,
     ProfileError,
@@ -19,6 +18,7 @@ from infer.profiles.loader import (
     load_profile,
     shipped_profiles,
 )
+from infer.profiles.settings import Settings
 
 
 @pytest.fixture(autouse=True)

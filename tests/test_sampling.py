@@ -10,9 +10,6 @@ import time
 import numpy as np
 import pytest
 
-from infer.engine import sampling as sm
-from infer.engine import sampling_params as sp
-from infer.engine import sampling_stages as st
 from infer.engine.sampling import (
     DEFAULT_SAMPLERS,
     SAMPLER_STAGES,
@@ -24,6 +21,9 @@ from infer.engine.sampling import (
     draw_uniforms,
     resolve_seed,
 )
+from infer.engine.sampling import chain as sm
+from infer.engine.sampling import params as sp
+from infer.engine.sampling import stages as st
 
 OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
 

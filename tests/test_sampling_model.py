@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infer.engine.engine import Engine, EngineConfig, load_engine
-from infer.engine.request import Request
+from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
+from infer.engine.runtime.request import Request
 from infer.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.real_model

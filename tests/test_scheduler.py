@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from infer.engine.engine import Engine, EngineConfig, load_engine
-from infer.engine.events import DoneEvent, TokenEvent
-from infer.engine.request import Request, RequestError
+from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
+from infer.engine.runtime.events import DoneEvent, TokenEvent
+from infer.engine.runtime.request import Request, RequestError
 from infer.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.real_model

@@ -22,8 +22,8 @@ from fastapi.testclient import TestClient
 
 from infer.cli.serve.app import create_app
 from infer.cli.serve.sse import dumps, json_safe
-from infer.engine.engine import Engine, EngineConfig, load_engine
-from infer.engine.settings import Settings, resolve_settings
+from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
+from infer.profiles.settings import Settings, resolve_settings
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]

@@ -19,8 +19,8 @@ from infer.engine.backends.probe import (
     probe_backend,
     select_backend,
 )
-from infer.engine.settings import SETTINGS, Provenance, SettingsError, resolve_settings
 from infer.profiles.schema import ProfileFile, SamplerSection, SpeculativeSection
+from infer.profiles.settings import SETTINGS, Provenance, SettingsError, resolve_settings
 
 # (setting, profile key path, built-in default, parent value, child value, env text, flag value, env value)
 LAYERED = [

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from infer.engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
+from infer.engine.text.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
 
 
 @pytest.fixture(scope="module")

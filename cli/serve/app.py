@@ -20,8 +20,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from infer.cli.serve import completions, responses
 from infer.cli.serve.context import ServeContext
 from infer.cli.serve.errors import APIError, error_body, install_error_handlers
-from infer.engine.engine import Engine
-from infer.engine.settings import Settings
+from infer.engine.runtime.engine import Engine
+from infer.profiles.settings import Settings
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Bodies larger than this are refused (413) before they are read."""

@@ -16,10 +16,10 @@ from typing import TypeVar
 from fastapi import Request as HTTPRequest
 
 from infer.cli.serve.errors import SERVER_ERROR, APIError
-from infer.engine.engine import Engine
-from infer.engine.events import DoneEvent, Event
-from infer.engine.request import Request
-from infer.engine.stream import RequestStream
+from infer.engine.runtime.engine import Engine
+from infer.engine.runtime.events import DoneEvent, Event
+from infer.engine.runtime.request import Request
+from infer.engine.runtime.stream import RequestStream
 
 T = TypeVar("T")
 

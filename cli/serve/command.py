@@ -18,11 +18,11 @@ from typing import Optional
 import typer
 import uvicorn
 
+from infer.cli.model_store import DEFAULT_MODEL, KNOWN_MODELS
 from infer.cli.options import fail, with_settings
 from infer.cli.runtime import open_engine
 from infer.cli.serve.app import DEFAULT_MAX_BODY_BYTES, create_app
-from infer.engine.model_store import DEFAULT_MODEL, KNOWN_MODELS
-from infer.engine.settings import Settings
+from infer.profiles.settings import Settings
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 

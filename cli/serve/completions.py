@@ -23,9 +23,9 @@ from infer.cli.serve.context import ServeContext, new_id
 from infer.cli.serve.errors import SERVER_ERROR, APIError, error_body
 from infer.cli.serve.schemas import ChatCompletionRequest, CompletionRequest
 from infer.cli.serve.sse import DONE, SSEResponse, finite_or_none, sse_data
-from infer.engine.events import DoneEvent, TokenEvent
-from infer.engine.stream import RequestStream
-from infer.engine.tokenizer import Tokenizer
+from infer.engine.runtime.events import DoneEvent, TokenEvent
+from infer.engine.runtime.stream import RequestStream
+from infer.engine.text.tokenizer import Tokenizer
 
 router = APIRouter()
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from infer.cli.serve.bridge import EngineBridge
 from infer.cli.serve.errors import APIError
-from infer.engine.chat import ChatTemplateError
-from infer.engine.engine import Engine
-from infer.engine.prompts import prompt_ids
-from infer.engine.request import Request, RequestError
-from infer.engine.settings import Settings
-from infer.engine.stream import RequestStream
+from infer.engine.runtime.engine import Engine
+from infer.engine.runtime.request import Request, RequestError
+from infer.engine.runtime.stream import RequestStream
+from infer.engine.text.chat import ChatTemplateError
+from infer.engine.text.prompts import prompt_ids
+from infer.profiles.settings import Settings
 
 
 def new_id(prefix: str) -> str:

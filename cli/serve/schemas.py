@@ -17,11 +17,11 @@ from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origi
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, create_model
 
 from infer.cli.serve.errors import APIError
-from infer.engine.chat import VALID_ROLES
-from infer.engine.request import Request, RequestError
+from infer.engine.runtime.request import Request, RequestError
 from infer.engine.sampling import SamplingParams, SamplingParamsError, resolve_seed
-from infer.engine.settings import Settings
+from infer.engine.text.chat import VALID_ROLES
 from infer.profiles.schema import SamplerSection
+from infer.profiles.settings import Settings
 
 StrictFloat = Annotated[float, Strict()]
 """A JSON number (an integer is a number too); a string is a type error."""

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from infer.engine.backends import IMPLEMENTED
-from infer.engine.settings import SettingsError
+from infer.profiles.settings import SettingsError
 
 if TYPE_CHECKING:
-    from infer.engine.settings import Settings
+    from infer.profiles.settings import Settings
 
 BACKENDS: tuple[str, ...] = ("cpu", "cuda", "metal")
 FALLBACK_BACKEND = "cpu"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 if TYPE_CHECKING:
-    from infer.engine.tokenizer import Tokenizer
+    from infer.engine.text.tokenizer import Tokenizer
 
 RopeLayout = Literal["interleaved", "half"]
 """How RoPE pairs the dimensions of a head.

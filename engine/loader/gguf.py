@@ -136,7 +136,7 @@ def _config_from_metadata(meta: dict[str, Any], path: Path, has_output: bool) ->
 
 def load_gguf(path: Path) -> Checkpoint:
     """Read a GGUF file into a float32 Checkpoint (weights dequantized once, HF names)."""
-    from infer.engine.tokenizer import Tokenizer, TokenizerError
+    from infer.engine.text.tokenizer import Tokenizer, TokenizerError
 
     reader = open_reader(path)
     meta = read_metadata(reader)

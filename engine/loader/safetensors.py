@@ -99,7 +99,7 @@ def _read_shard(path: Path) -> dict[str, np.ndarray]:
 
 def load_safetensors_dir(folder: Path) -> Checkpoint:
     """Read a Hugging Face model folder into a float32 Checkpoint."""
-    from infer.engine.tokenizer import Tokenizer, TokenizerError
+    from infer.engine.text.tokenizer import Tokenizer, TokenizerError
 
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a folder")

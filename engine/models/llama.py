@@ -7,31 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from infer.engine.backends.base import Array, Backend
-from infer.engine.kv_cache import KVCache
+from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.loader.checkpoint import Checkpoint, ModelConfig
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A run of consecutive batch rows that belong to one sequence."""
-
-    slot: int
-    """KV-cache slot of the sequence."""
-    start: int
-    """Position of the segment's first token (= tokens already in the cache)."""
-    length: int
-    """Number of tokens (rows) in the segment."""
-
-
-@dataclass(frozen=True)
-class ForwardBatch:
-    """One ragged step: every sequence's new tokens, concatenated in segment order."""
-
-    token_ids: np.ndarray
-    """int64 [rows]."""
-    segments: tuple[Segment, ...]
-    logit_rows: np.ndarray
-    """Rows whose logits the caller needs (int64); the vocabulary projection runs only for these."""
+from infer.engine.runtime.kv_cache import KVCache
 
 
 def inverse_frequencies(config: ModelConfig, freq_factors: np.ndarray | None) -> np.ndarray:

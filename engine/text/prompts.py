@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from infer.engine.chat import CHATML_TEMPLATE, render_chat
-from infer.engine.tokenizer import Tokenizer
+from infer.engine.text.chat import CHATML_TEMPLATE, render_chat
+from infer.engine.text.tokenizer import Tokenizer
 
 
 def chat_template_of(tokenizer: Tokenizer) -> str:

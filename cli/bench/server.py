@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from infer.cli.bench_stats import BenchResult, Trace
+from infer.cli.bench.stats import BenchResult, Trace
 
 TIMEOUT_S = 600.0
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from infer.engine.tokenizer import Tokenizer
+    from infer.engine.text.tokenizer import Tokenizer
 
 
 class IncrementalDetokenizer:

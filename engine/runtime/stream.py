@@ -8,7 +8,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
-from infer.engine.events import DoneEvent, Event, TokenEvent
+from infer.engine.runtime.events import DoneEvent, Event, TokenEvent
 
 
 @dataclass(frozen=True)

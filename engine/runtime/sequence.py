@@ -6,13 +6,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from infer.engine.output import OutputProcessor
-from infer.engine.request import Request
+from infer.engine.runtime.output import OutputProcessor
+from infer.engine.runtime.request import Request
+from infer.engine.runtime.scheduler import Phase
 from infer.engine.sampling import SequenceSampler
-from infer.engine.scheduler import Phase
 
 if TYPE_CHECKING:
-    from infer.engine.stream import RequestStream
+    from infer.engine.runtime.stream import RequestStream
 
 
 @dataclass

@@ -18,15 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from infer.engine.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
-from infer.engine.models.llama import ForwardBatch, LlamaModel, Segment
-from infer.engine.output import OutputProcessor
-from infer.engine.request import FaultHook, Request, RequestError
+from infer.engine.batch import ForwardBatch, Segment
+from infer.engine.models.llama import LlamaModel
+from infer.engine.runtime.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
+from infer.engine.runtime.output import OutputProcessor
+from infer.engine.runtime.request import FaultHook, Request, RequestError
+from infer.engine.runtime.scheduler import Phase, ScheduledWork, Scheduler, SchedulerLimits
+from infer.engine.runtime.sequence import Sequence
+from infer.engine.runtime.stream import Completion, RequestStream
 from infer.engine.sampling import SequenceSampler, resolve_seed
-from infer.engine.scheduler import Phase, ScheduledWork, Scheduler, SchedulerLimits
-from infer.engine.sequence import Sequence
-from infer.engine.stream import Completion, RequestStream
-from infer.engine.tokenizer import Tokenizer
+from infer.engine.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Every anchor runs alone (one sequence: batching can change float summation order), greedy or seeded,
 and its generated token ids are hashed as sha256 of the ASCII decimal ids joined by "," (no spaces),
-e.g. sha256(b"7042,30,198") -- see `infer.cli.gate_anchors`. Exit codes: 0 every anchor matches (or
+e.g. sha256(b"7042,30,198") -- see `infer.cli.gate.anchors`. Exit codes: 0 every anchor matches (or
 only near-ties differ under `--allow-ties`), 1 any mismatch, failed generation or unblessed anchor, 2 a
 bad anchors file or setting (one line naming the file, line and key path).
 
@@ -27,7 +27,8 @@ from rich.markup import escape
 from rich.table import Table
 from threadpoolctl import threadpool_limits
 
-from infer.cli.gate_anchors import (
+from infer.cli.fingerprint import environment_fingerprint, fingerprint_diff
+from infer.cli.gate.anchors import (
     GateFileError,
     LoadedAnchors,
     ResolvedAnchor,
@@ -35,15 +36,14 @@ from infer.cli.gate_anchors import (
     load_anchors,
     write_document,
 )
-from infer.cli.gate_check import AnchorResult, AnchorRun, judge, relative_gap, run_anchor, write_junit
+from infer.cli.gate.check import AnchorResult, AnchorRun, judge, relative_gap, run_anchor, write_junit
 from infer.cli.options import fail, shared_flags
 from infer.cli.runtime import STDERR, counting_progress, open_engine
 from infer.engine.backends.probe import choose_backend
-from infer.engine.engine import Engine
-from infer.engine.fingerprint import environment_fingerprint, fingerprint_diff
+from infer.engine.runtime.engine import Engine
 from infer.engine.sampling import SamplingParamsError
-from infer.engine.settings import SETTINGS, Settings, resolve_settings
 from infer.profiles.loader import ProfileError
+from infer.profiles.settings import SETTINGS, Settings, resolve_settings
 
 DEFAULT_TIE_MARGIN = 1e-3
 

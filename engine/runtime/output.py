@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from infer.engine.detokenizer import IncrementalDetokenizer
-from infer.engine.events import FinishReason
-from infer.engine.tokenizer import Tokenizer
+from infer.engine.runtime.events import FinishReason
+from infer.engine.text.detokenizer import IncrementalDetokenizer
+from infer.engine.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from infer.engine.kv_cache import KVCache
+from infer.engine.runtime.kv_cache import KVCache
 
 if TYPE_CHECKING:
-    from infer.engine.sequence import Sequence
+    from infer.engine.runtime.sequence import Sequence
 
 
 class Phase(Enum):

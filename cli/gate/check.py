@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from infer.cli.gate_anchors import Blessing, ResolvedAnchor, token_hash
-from infer.engine.engine import Engine
-from infer.engine.events import TokenEvent
-from infer.engine.prompts import prompt_ids
-from infer.engine.request import Request, RequestError
-from infer.engine.settings import Settings
+from infer.cli.gate.anchors import Blessing, ResolvedAnchor, token_hash
+from infer.engine.runtime.engine import Engine
+from infer.engine.runtime.events import TokenEvent
+from infer.engine.runtime.request import Request, RequestError
+from infer.engine.text.prompts import prompt_ids
+from infer.profiles.settings import Settings
 
 Status = Literal["pass", "fail", "tie", "error", "unblessed"]
 CONTEXT_TOKENS = 8

@@ -11,7 +11,7 @@ Tests (each repeated `-r` times after one warm-up run that is not counted):
 `-n` is the shared `-n/--n-predict` flag, read here as the list of decode lengths. Lists take commas
 (`-p 128,512`). `--json` / `--jsonl` / `--csv` write to stdout alone; the table, progress and notices go
 to stderr then (to stdout otherwise only the table). `--server URL` runs the same tests against an
-OpenAI-compatible streaming endpoint instead of a local engine (see `infer.cli.bench_server`).
+OpenAI-compatible streaming endpoint instead of a local engine (see `infer.cli.bench.server`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 import typer
 from rich.console import Console
 
-from infer.cli.bench_stats import (
+from infer.cli.bench.stats import (
     BenchResult,
     Trace,
     compare_to_baseline,
@@ -38,15 +38,15 @@ from infer.cli.bench_stats import (
     results_table,
     to_csv,
 )
+from infer.cli.fingerprint import environment_fingerprint
 from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags
 from infer.cli.runtime import STDERR, counting_progress, open_engine
 from infer.engine.backends.probe import choose_backend
-from infer.engine.engine import Engine
-from infer.engine.events import DoneEvent, TokenEvent
-from infer.engine.fingerprint import environment_fingerprint
-from infer.engine.request import Request, RequestError
+from infer.engine.runtime.engine import Engine
+from infer.engine.runtime.events import DoneEvent, TokenEvent
+from infer.engine.runtime.request import Request, RequestError
 from infer.engine.sampling import SamplingParams
-from infer.engine.settings import Settings
+from infer.profiles.settings import Settings
 
 PROMPT_SEED = 1234
 """Benchmark prompts are random token ids from this seed: the same prompts on every run."""
@@ -288,7 +288,7 @@ def _emit(
 
 
 def _blas_threads() -> int | None:
-    from infer.engine.fingerprint import blas_info
+    from infer.cli.fingerprint import blas_info
 
     info = blas_info()
     return info[0]["threads"] if info else None
@@ -367,7 +367,7 @@ def bench(
     tests = plan_tests(n_prompts, n_gens, pgs, depths, levels)
 
     if server is not None:
-        from infer.cli.bench_server import ServerBench, ServerError
+        from infer.cli.bench.server import ServerBench, ServerError
 
         header_base: dict[str, Any] = {"server": server, "api": api}
         try:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infer.engine import sampling_stages as st
-from infer.engine.sampling_params import (
+from infer.engine.sampling import stages as st
+from infer.engine.sampling.params import (
     _SEED_LIMIT,
     DEFAULT_SAMPLERS,
     SAMPLER_STAGES,

@@ -4,7 +4,7 @@ Encoding is delegated to `tokenizers` (configured to match llama.cpp for GGUF fi
 pre-tokenizer regexes per `tokenizer.ggml.pre`, the same special-token splitting). Decoding does
 not go through `tokenizers`: every token is rendered once to its raw bytes, and text is those bytes
 joined and read as UTF-8. That makes `decode` and the incremental detokenizer
-(`infer.engine.detokenizer`) agree by construction, and gives samplers and grammars per-token bytes.
+(`infer.engine.text.detokenizer`) agree by construction, and gives samplers and grammars per-token bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from infer.engine.detokenizer import IncrementalDetokenizer
+from infer.engine.text.detokenizer import IncrementalDetokenizer
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer", "TokenizerError"]
 

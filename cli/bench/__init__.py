@@ -1,0 +1,1 @@
+"""`infer bench`: local and server throughput runs and their statistics."""

@@ -1,0 +1,1 @@
+"""`infer gate`: pinned anchors, their check, the command."""
