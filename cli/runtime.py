@@ -25,7 +25,7 @@ from infer.engine.backends.probe import choose_backend, fallback_notice
 from infer.engine.loader import ModelLoadError
 from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
 from infer.engine.runtime.request import FaultHook
-from infer.profiles.settings import Settings
+from infer.profiles.settings import Settings, SettingsError, refuse_unimplemented
 
 STDERR = Console(stderr=True)
 """Every notice, progress bar and log goes to stderr so stdout stays machine-readable."""
@@ -87,6 +87,10 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
 
     Any problem is one line on stderr and exit code 2.
     """
+    try:
+        refuse_unimplemented(settings)
+    except SettingsError as exc:
+        fail(str(exc))
     choice = choose_backend(settings)
     notice = fallback_notice(choice)
     if notice:

@@ -320,6 +320,28 @@ def _check_cross_field(entries: Mapping[str, _Entry]) -> None:
         )
 
 
+def refuse_unimplemented(settings: Settings) -> None:
+    """Raise `SettingsError` for a setting this build would accept and then ignore.
+
+    Speculative decoding is not implemented yet: `speculative.method` other than `none`, or any other
+    `speculative.*` key set by a flag, env variable or profile, is refused until it is, instead of
+    running without it. Resolution itself still accepts them (so `infer profiles show` can explain a
+    profile); every command that runs the engine calls this first.
+    """
+    for spec in SETTINGS.values():
+        if spec.section != "speculative":
+            continue
+        value, source = settings.value(spec.name), settings.source(spec.name)
+        if spec.name == "spec_method" and value == "none":
+            continue
+        if spec.name != "spec_method" and source.kind == "default":
+            continue
+        raise SettingsError(
+            f"{source}: {spec.key} = {_plain(value)!r}: speculative decoding is not implemented yet; "
+            "remove it (only speculative.method none is accepted)"
+        )
+
+
 def _check_sampler(entries: dict[str, _Entry]) -> None:
     """Build `SamplingParams` once, so an out-of-range sampler value fails now (naming its source), and
     store its normalised values (`samplers` stage names, `seed: -1` -> None, ...) with their sources."""

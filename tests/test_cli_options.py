@@ -125,7 +125,7 @@ def test_env_then_flag() -> None:
         (["--spec-method", "prompt_lookup", "--spec-num-tokens", "3"], "spec_num_tokens", 3),
         (["--draft-model", "d.gguf"], "spec_draft_model", "d.gguf"),
         (["-m", "model.gguf"], "model", "model.gguf"),
-        (["--profile", "cpu-fast"], "spec_method", "prompt_lookup"),
+        (["--profile", "cpu-fast"], "spec_method", "none"),
     ],
 )
 def test_flag_spellings(args: list[str], name: str, value: object) -> None:
