@@ -11,7 +11,8 @@ import pytest
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from infer.engine.text.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
+from infer.engine.text.detokenizer import IncrementalDetokenizer
+from infer.engine.text.tokenizer import Tokenizer, TokenizerError
 
 
 @pytest.fixture(scope="module")

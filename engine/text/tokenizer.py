@@ -18,9 +18,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from infer.engine.text.detokenizer import IncrementalDetokenizer
-
-__all__ = ["IncrementalDetokenizer", "Tokenizer", "TokenizerError"]
+__all__ = ["Tokenizer", "TokenizerError"]
 
 # GGUF token types (llama.cpp `llama_token_type`).
 _TYPE_NORMAL, _TYPE_UNKNOWN, _TYPE_CONTROL, _TYPE_USER_DEFINED, _TYPE_UNUSED, _TYPE_BYTE = 1, 2, 3, 4, 5, 6
