@@ -19,6 +19,7 @@ from infer.engine.sampling import (
     SamplingParamsError,
     SequenceSampler,
     draw_uniforms,
+    draws,
     resolve_seed,
 )
 from infer.engine.sampling import chain as sm
@@ -228,7 +229,7 @@ def test_draw_uniforms_is_the_documented_philox_and_pinned():
     raw = np.random.Philox(key=42, counter=3 << 64).random_raw(5)
     np.testing.assert_array_equal(u, (raw >> np.uint64(11)) * 2.0**-53)
     assert ((u >= 0) & (u < 1)).all()
-    fast = sm._PositionRng(42)
+    fast = draws.PositionRng(42)
     for pos in (0, 1, 3, 1000, 2**40):
         np.testing.assert_array_equal(fast.uniforms(pos, 3), draw_uniforms(42, pos, 3))
     # pinned so that any change of the random scheme (which `infer gate` relies on) is noticed

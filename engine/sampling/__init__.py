@@ -1,4 +1,5 @@
-"""The sampler: validated parameters (params), the stage functions (stages), the per-request chain (chain)."""
+"""The sampler: validated parameters (params), the stage functions (stages), their bound links (links),
+the per-request chain (chain) and its seeded draws (draws)."""
 
 from infer.engine.sampling.chain import (
     DEFAULT_SAMPLERS,
@@ -12,6 +13,7 @@ from infer.engine.sampling.chain import (
     draw_uniforms,
     resolve_seed,
 )
+from infer.engine.sampling.links import Stage, make_stage
 
 __all__ = [
     "DEFAULT_SAMPLERS",
@@ -22,6 +24,8 @@ __all__ = [
     "SamplingParams",
     "SamplingParamsError",
     "SequenceSampler",
+    "Stage",
     "draw_uniforms",
+    "make_stage",
     "resolve_seed",
 ]

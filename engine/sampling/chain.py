@@ -4,6 +4,9 @@ Semantics follow llama.cpp's CPU samplers (``common/sampling.cpp`` and ``src/lla
 
 * the chain is ``logit_bias -> allowed mask -> samplers... -> dist``; ``samplers`` is applied in
   the given order, a stage may be repeated (it is applied again) or omitted (it is skipped);
+* the chain is built once per request (:class:`SequenceSampler`), as llama.cpp's sampler chain and
+  mlx-lm's ``make_sampler``: a tuple of :data:`Stage` callables with their parameters bound, so a
+  step only calls them in order (a stage that is off at these parameters is left out);
 * with ``mirostat`` 1 or 2 the ``samplers`` list is ignored, as in llama.cpp, and the chain is
   ``logit_bias -> mask -> temperature -> mirostat``;
 * ``temperature <= 0`` is greedy: the argmax of the logits after logit_bias, the allowed mask and
@@ -24,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from infer.engine.sampling import stages as st
+from infer.engine.sampling.draws import PositionRng, draw_uniforms
+from infer.engine.sampling.links import NO_DRAWS, Stage, make_stage
 from infer.engine.sampling.params import (
     _SEED_LIMIT,
     DEFAULT_SAMPLERS,
@@ -47,41 +52,6 @@ __all__ = [
     "draw_uniforms",
     "resolve_seed",
 ]
-
-
-def draw_uniforms(seed: int, position: int, n: int) -> np.ndarray:
-    """The ``n`` uniforms in [0, 1) of step ``position``: a pure function of (seed, position).
-
-    ``raw = numpy.random.Philox(key=seed, counter=position << 64).random_raw(n)`` (Philox4x64-10;
-    numpy increments the 256-bit counter before each block of four words), then
-    ``u = (raw >> 11) * 2**-53``. ``u[0]`` is the final draw, ``u[1 + i]`` the coin of the i-th
-    ``xtc`` stage in the chain. Any backend can reproduce this by calling it on the host.
-    """
-    raw = np.random.Philox(key=seed, counter=position << 64).random_raw(n)
-    return _to_unit(raw)
-
-
-def _to_unit(raw: np.ndarray) -> np.ndarray:
-    return (raw >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
-
-
-class _PositionRng:
-    """:func:`draw_uniforms` for one seed, reusing one Philox (setting its state is ~6x cheaper)."""
-
-    def __init__(self, seed: int) -> None:
-        self._bg = np.random.Philox(key=seed)
-        self._key = self._bg.state["state"]["key"].copy()
-
-    def uniforms(self, position: int, n: int) -> np.ndarray:
-        self._bg.state = {
-            "bit_generator": "Philox",
-            "state": {"counter": np.array([0, position, 0, 0], dtype=np.uint64), "key": self._key},
-            "buffer": np.zeros(4, dtype=np.uint64),
-            "buffer_pos": 4,
-            "has_uint32": 0,
-            "uinteger": 0,
-        }
-        return _to_unit(self._bg.random_raw(n))
 
 
 @dataclass(frozen=True)
@@ -132,7 +102,7 @@ class SequenceSampler:
         params.check_vocab(vocab_size)
         self.params = params
         self.seed = int(seed)
-        self._rng = _PositionRng(self.seed)
+        self._rng = PositionRng(self.seed)
         self.vocab_size = int(vocab_size)
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         self._token_texts = token_texts
@@ -152,8 +122,7 @@ class SequenceSampler:
         self._mu_stack: list[float] = []
         self._pending: tuple[int, np.ndarray, np.ndarray] | None = None
         self._n_xtc = params.samplers.count("xtc") if params.mirostat == 0 else 0
-        self._pen_on = params.penalties_active
-        self._dry_on = params.dry_active
+        self._links, self._greedy_links = self._build_chain()
         self.plain_greedy = params.is_plain_greedy
         """Cached :attr:`SamplingParams.is_plain_greedy`: whether a batch-wide argmax is this
         sampler's whole draw (see :meth:`sample`)."""
@@ -240,32 +209,96 @@ class SequenceSampler:
             "no token can be sampled: every token is at -inf after logit_bias and the allowed mask."
         )
 
-    def _modify(self, stage: str, c: st.Cands) -> st.Cands:
-        """Apply a logit-modifying stage (penalties, dry) to a candidate set."""
+    def _build_chain(self) -> tuple[tuple[Stage, ...], tuple[Stage, ...]]:
+        """(the sampling chain, the greedy chain), built once from the params.
+
+        With mirostat the chain is temperature then mirostat (``samplers`` ignored). Otherwise it is
+        ``samplers`` in order, each stage that is on at these params. The greedy chain holds only
+        the logit modifiers (penalties, dry) that are on: truncation cannot move the argmax (greedy
+        skips XTC and typical-p, see the module docstring). A modifier is followed by a check that
+        a candidate is left; a modifier that is off keeps that check only where an earlier link
+        (temperature overflowing, a modifier) could have left none: before that the candidates are
+        a subset of the finite starting set, so the check could not fire.
+        """
+        p = self.params
+        if p.mirostat:
+            temp = p.temperature
+            mirostat = self._mirostat_v1 if p.mirostat == 1 else self._mirostat_v2
+            return (lambda c, u: st.temperature(c, temp), mirostat), ()
+        links: list[Stage] = []
+        greedy: list[Stage] = []
+        may_empty = False
+        coin = 0
+        for name in p.samplers:
+            if name in ("penalties", "dry"):
+                modifier = self._modifier(name)
+                if modifier is not None:
+                    greedy.append(modifier)
+                    links.append(self._checked(modifier))
+                    may_empty = True
+                elif may_empty:
+                    links.append(self._check_left)
+                continue
+            coin += name == "xtc"
+            stage = make_stage(name, p, coin)
+            if stage is not None:
+                links.append(stage)
+                may_empty = may_empty or name == "temperature"
+        return tuple(links), tuple(greedy)
+
+    def _modifier(self, name: str) -> Stage | None:
+        """The history-reading stage ``name`` (penalties or dry), or None when it is off."""
+        if name == "penalties":
+            return self._penalize if self.params.penalties_active else None
+        return self._dry if self.params.dry_active else None
+
+    def _penalize(self, c: st.Cands, u: np.ndarray) -> st.Cands:
+        """Repetition, frequency and presence penalties over the last ``repeat_last_n`` tokens."""
         p = self.params
         identity = c[0] is self._arange
-        if stage == "penalties" and self._pen_on:
-            win = self._window(p.repeat_last_n)
-            if win.size:
-                toks, counts = np.unique(win, return_counts=True)
-                c = st.penalties(
-                    c, toks, counts.astype(np.float64), p.repeat_penalty,
-                    p.frequency_penalty, p.presence_penalty, identity,
-                )  # fmt: skip
-        elif stage == "dry" and self._dry_on:
-            win = self._window(p.dry_penalty_last_n)
-            toks, amounts = st.dry_penalties(
-                win, self._breakers(), p.dry_multiplier, p.dry_base, p.dry_allowed_length
-            )
-            c = st.subtract(c, toks, amounts, identity)
+        win = self._window(p.repeat_last_n)
+        if not win.size:
+            return c
+        toks, counts = np.unique(win, return_counts=True)
+        return st.penalties(
+            c, toks, counts.astype(np.float64), p.repeat_penalty,
+            p.frequency_penalty, p.presence_penalty, identity,
+        )  # fmt: skip
+
+    def _dry(self, c: st.Cands, u: np.ndarray) -> st.Cands:
+        """DRY penalties over the last ``dry_penalty_last_n`` tokens."""
+        p = self.params
+        identity = c[0] is self._arange
+        win = self._window(p.dry_penalty_last_n)
+        toks, amounts = st.dry_penalties(
+            win, self._breakers(), p.dry_multiplier, p.dry_base, p.dry_allowed_length
+        )
+        return st.subtract(c, toks, amounts, identity)
+
+    def _checked(self, modifier: Stage) -> Stage:
+        """``modifier`` followed by :meth:`_check_left`."""
+
+        def checked(c: st.Cands, u: np.ndarray) -> st.Cands:
+            return self._check_left(modifier(c, u), u)
+
+        return checked
+
+    def _check_left(self, c: st.Cands, u: np.ndarray) -> st.Cands:
+        """``c`` itself; raises when no candidate has a finite logit."""
+        if c[1].max() == -np.inf:
+            raise self._no_finite()
         return c
+
+    def _mirostat_v1(self, c: st.Cands, u: np.ndarray) -> st.Cands:
+        return st.mirostat_v1(c, self.mu, self.vocab_size)
+
+    def _mirostat_v2(self, c: st.Cands, u: np.ndarray) -> st.Cands:
+        return st.mirostat_v2(c, self.mu)
 
     def _greedy(self, w: np.ndarray) -> int:
         c: st.Cands = (self._arange, w)
-        if self.params.mirostat == 0:
-            for stage in self.params.samplers:
-                if stage in ("penalties", "dry"):
-                    c = self._modify(stage, c)
+        for link in self._greedy_links:
+            c = link(c, NO_DRAWS)
         logits = c[1]
         best = int(np.argmax(logits))
         if logits[best] == -np.inf:
@@ -274,7 +307,6 @@ class SequenceSampler:
 
     def _chain(self, w: np.ndarray, position: int, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(token ids ascending, probs) of the final distribution for non-greedy sampling."""
-        p = self.params
         if w.min() == -np.inf:
             ids = np.flatnonzero(w > -np.inf)
             if ids.size == 0:
@@ -282,34 +314,8 @@ class SequenceSampler:
             c: st.Cands = (ids, w[ids])
         else:
             c = (self._arange, w)
-        if p.mirostat:
-            c = st.temperature(c, p.temperature)
-            if p.mirostat == 1:
-                c = st.mirostat_v1(c, self.mu, self.vocab_size)
-            else:
-                c = st.mirostat_v2(c, self.mu)
-        else:
-            n_xtc = 0
-            for stage in p.samplers:
-                if stage in ("penalties", "dry"):
-                    c = self._modify(stage, c)
-                    if c[1].max() == -np.inf:
-                        raise self._no_finite()
-                elif stage == "top_k":
-                    c = st.top_k(c, p.top_k)
-                elif stage == "top_p":
-                    c = st.top_p(c, p.top_p, p.min_keep)
-                elif stage == "min_p":
-                    c = st.min_p(c, p.min_p, p.min_keep)
-                elif stage == "typ_p":
-                    c = st.typical(c, p.typical_p, p.min_keep)
-                elif stage == "top_n_sigma":
-                    c = st.top_n_sigma(c, p.top_n_sigma)
-                elif stage == "xtc":
-                    n_xtc += 1
-                    c = st.xtc(c, p.xtc_probability, p.xtc_threshold, p.min_keep, float(u[n_xtc]))
-                elif stage == "temperature":
-                    c = st.temperature(c, p.temperature, p.dynatemp_range, p.dynatemp_exponent)
+        for link in self._links:
+            c = link(c, u)
         ids, logits = c
         probs = st.softmax(logits)
         nz = probs > 0.0
@@ -317,7 +323,7 @@ class SequenceSampler:
             ids, probs = ids[nz], probs[nz]
         probs = probs.astype(np.float64)
         probs /= probs.sum()
-        if p.mirostat:
+        if self.params.mirostat:
             self._pending = (position, ids, probs)
         return ids, probs
 
