@@ -14,10 +14,12 @@ Range rules for engine and speculative fields live here (`ge=`, `Literal[...]`).
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Literal
+import functools
+import operator
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from infer.engine.sampling import SamplingParams
 
@@ -26,59 +28,57 @@ DType = Literal["float32", "float16", "bfloat16"]
 SpeculativeMethod = Literal["none", "prompt_lookup", "draft_model"]
 
 
-def _sampling_default(name: str) -> Any:
-    """The built-in default of a sampler field: `SamplingParams`' own default (llama.cpp's), so the two
-    cannot drift. Tuples come back as lists (YAML and JSON have lists)."""
-    for spec in dataclasses.fields(SamplingParams):
-        if spec.name == name:
-            value = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
-            return list(value) if isinstance(value, tuple) else value
-    raise KeyError(f"SamplingParams has no field {name!r}")
-
-
-def _sampler_field(name: str) -> Any:
-    """A sampler setting whose default and description both come from `SamplingParams`."""
-    description = SamplingParams.field_docs()[name]
-    default = _sampling_default(name)
-    if isinstance(default, list):
-        return Field(default_factory=lambda: list(default), description=description)
-    return Field(default, description=description)
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=False)
 
 
-class SamplerSection(_Section):
-    """The `sampler:` section: defaults for `SamplingParams`. Types are checked here; ranges, and the
-    defaults themselves, come from `SamplingParams` (`infer.engine.sampling`)."""
+PER_REQUEST_SAMPLER_FIELDS: tuple[str, ...] = ("logit_bias", "logprobs")
+"""`SamplingParams` fields that are not profile settings: each API request sets them for itself."""
 
-    temperature: float = _sampler_field("temperature")
-    top_k: int = _sampler_field("top_k")
-    top_p: float = _sampler_field("top_p")
-    min_p: float = _sampler_field("min_p")
-    typical_p: float = _sampler_field("typical_p")
-    top_n_sigma: float = _sampler_field("top_n_sigma")
-    repeat_penalty: float = _sampler_field("repeat_penalty")
-    repeat_last_n: int = _sampler_field("repeat_last_n")
-    presence_penalty: float = _sampler_field("presence_penalty")
-    frequency_penalty: float = _sampler_field("frequency_penalty")
-    xtc_probability: float = _sampler_field("xtc_probability")
-    xtc_threshold: float = _sampler_field("xtc_threshold")
-    dry_multiplier: float = _sampler_field("dry_multiplier")
-    dry_base: float = _sampler_field("dry_base")
-    dry_allowed_length: int = _sampler_field("dry_allowed_length")
-    dry_penalty_last_n: int = _sampler_field("dry_penalty_last_n")
-    dry_sequence_breakers: list[str] = _sampler_field("dry_sequence_breakers")
-    mirostat: int = _sampler_field("mirostat")
-    mirostat_tau: float = _sampler_field("mirostat_tau")
-    mirostat_eta: float = _sampler_field("mirostat_eta")
-    dynatemp_range: float = _sampler_field("dynatemp_range")
-    dynatemp_exponent: float = _sampler_field("dynatemp_exponent")
-    min_keep: int = _sampler_field("min_keep")
-    seed: int | None = _sampler_field("seed")
-    n_probs: int = _sampler_field("n_probs")
-    samplers: list[str] | str = _sampler_field("samplers")
+
+def _profile_type(annotation: Any) -> Any:
+    """A `SamplingParams` input type as a profile holds it: YAML and JSON have lists, not tuples."""
+    if get_origin(annotation) is tuple:
+        return list[get_args(annotation)[0]]  # type: ignore[misc]
+    if get_origin(annotation) in (Union, types.UnionType):
+        return functools.reduce(operator.or_, (_profile_type(a) for a in get_args(annotation)))
+    return annotation
+
+
+def _sampler_field(default: Any, description: str) -> Any:
+    """A field with `SamplingParams`' default (tuples as fresh lists) and its docstring as description."""
+    if isinstance(default, tuple):
+        return Field(default_factory=lambda: list(default), description=description)
+    return Field(default, description=description)
+
+
+def _sampler_section() -> type[_Section]:
+    """The `sampler:` section, one field per `SamplingParams` field (per-request ones left out), with
+    that field's input type, default and docstring, so the two cannot drift."""
+    types_, defaults, docs = (
+        SamplingParams.field_input_types(),
+        SamplingParams.field_defaults(),
+        SamplingParams.field_docs(),
+    )
+    fields: dict[str, Any] = {
+        name: (_profile_type(types_[name]), _sampler_field(defaults[name], docs[name]))
+        for name in SamplingParams.field_names()
+        if name not in PER_REQUEST_SAMPLER_FIELDS
+    }
+    return create_model(  # type: ignore[call-overload,no-any-return]
+        "SamplerSection",
+        __base__=_Section,
+        __module__=__name__,
+        __doc__=(
+            "The `sampler:` section: defaults for `SamplingParams`. Types are checked here; ranges, and "
+            "the\ndefaults themselves, come from `SamplingParams` (`infer.engine.sampling`)."
+        ),
+        **fields,
+    )
+
+
+SamplerSection = _sampler_section()
+"""The `sampler:` section model, derived from `SamplingParams`' fields (see `_sampler_section`)."""
 
 
 class SpeculativeSection(_Section):

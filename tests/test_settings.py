@@ -228,6 +228,23 @@ def test_sampler_fields_match_sampling_params() -> None:
         assert (list(actual) if isinstance(actual, tuple) else actual) == default, name
 
 
+def test_sampler_section_is_derived_from_sampling_params_fields() -> None:
+    from infer.engine.sampling import SamplingParams
+
+    docs, types = SamplingParams.field_docs(), SamplingParams.field_input_types()
+    names = [n for n in SamplingParams.field_names() if n not in ("logit_bias", "logprobs")]
+    assert list(SamplerSection.model_fields) == names  # same order as the dataclass
+    for name, info in SamplerSection.model_fields.items():
+        assert info.description == docs[name], name
+    assert types["samplers"] == tuple[str, ...] | str  # what SamplingParams parses, widened
+    assert SamplerSection.model_fields["samplers"].annotation == list[str] | str  # lists in YAML/JSON
+    assert SamplerSection.model_fields["dry_sequence_breakers"].annotation == list[str]
+    assert SamplerSection.model_fields["seed"].annotation == int | None
+    assert SamplerSection.model_config["extra"] == "forbid"
+    first, second = SamplerSection(), SamplerSection()
+    assert first.samplers == list(SamplingParams().samplers) and first.samplers is not second.samplers
+
+
 def test_sampler_range_checked_by_sampling_params(tmp_path: Path) -> None:
     pytest.importorskip("infer.engine.sampling")
     bad = tmp_path / "bad.yaml"

@@ -14,6 +14,7 @@ import math
 import re
 import secrets
 import textwrap
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -277,7 +278,7 @@ class SamplingParams:
     logprobs: bool = False
     """Report each sampled token's log-probability; ``n_probs`` > 0 implies it. Off by default, as in
     vLLM and llama.cpp: it costs a log-softmax over the whole vocabulary per token."""
-    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    samplers: tuple[str, ...] = field(default=DEFAULT_SAMPLERS, metadata={"also_accepts": str})
     """Stage order: names from :data:`SAMPLER_STAGES`, a list or a ';'-separated string, or
     llama.cpp letters ("edskypmxt"). Repeats apply again; omitted stages are skipped."""
 
@@ -379,6 +380,26 @@ class SamplingParams:
     def field_names(cls) -> tuple[str, ...]:
         """All field names, in declaration order."""
         return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def field_input_types(cls) -> dict[str, Any]:
+        """Each field's type as a caller may give it: its annotation (``tuple[str, ...]`` and all),
+        widened by what the field also parses (``samplers`` also takes one ';'-separated string).
+        The profile schema and the API body are derived from this."""
+        hints = typing.get_type_hints(cls)
+        types: dict[str, Any] = {}
+        for spec in dataclasses.fields(cls):
+            extra = spec.metadata.get("also_accepts")
+            types[spec.name] = hints[spec.name] if extra is None else hints[spec.name] | extra
+        return types
+
+    @classmethod
+    def field_defaults(cls) -> dict[str, Any]:
+        """Each field's default value (a fresh one for fields with a default factory)."""
+        return {
+            spec.name: spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+            for spec in dataclasses.fields(cls)
+        }
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:
