@@ -15,7 +15,7 @@ from infer.cli.generation import (
     ParseSpecialOption,
     PromptArgument,
     StopOption,
-    build_request,
+    prompt_request,
     read_prompt,
     result_json,
     stats_line,
@@ -73,7 +73,7 @@ def generate(
     if text is None and chat_messages is None:
         fail("give a PROMPT, '-' for standard input, or --messages FILE")
     engine = open_engine(settings, max_num_seqs=1)
-    request = build_request(
+    request = prompt_request(
         engine,
         settings,
         prompt=text,

@@ -15,6 +15,7 @@ from infer.engine.runtime.events import DoneEvent
 from infer.engine.runtime.request import Request
 from infer.engine.text.chat import ChatTemplateError
 from infer.engine.text.prompts import prompt_ids
+from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
 
 PANEL_IO = "Input & output"
@@ -43,7 +44,7 @@ def read_prompt(prompt: str | None) -> str | None:
     return prompt
 
 
-def build_request(
+def prompt_request(
     engine: Engine,
     settings: Settings,
     *,
@@ -54,19 +55,14 @@ def build_request(
     stop: list[str] | None = None,
     ignore_eos: bool = False,
 ) -> Request:
-    """A Request from CLI input and resolved settings; bad input exits 2 with one line."""
+    """The Request for CLI input (a prompt or chat messages) under resolved settings, made by
+    `build_request` as on every surface; bad input exits 2 with one line."""
     use_chat = chat if chat is not None else engine.tokenizer.chat_template is not None
     try:
         ids = prompt_ids(
             engine.tokenizer, prompt=prompt, messages=messages, chat=use_chat, parse_special=parse_special
         )
-        request = Request(
-            tuple(ids),
-            settings.sampling_params(),
-            max_tokens=settings.n_predict if settings.n_predict > 0 else None,
-            stop=tuple(stop or ()),
-            ignore_eos=ignore_eos,
-        )
+        request = build_request(ids, settings, stop=stop or (), ignore_eos=ignore_eos)
         engine.validate(request)
     except (ChatTemplateError, ValueError) as exc:  # RequestError is a ValueError
         fail(str(exc))

@@ -18,7 +18,7 @@ from infer.cli.generation import (
     ParseSpecialOption,
     PromptArgument,
     StopOption,
-    build_request,
+    prompt_request,
     read_prompt,
     stats_line,
 )
@@ -76,7 +76,7 @@ def _chat_loop(engine: Engine, settings: Settings, stop: list[str] | None) -> No
         if not line.strip():
             continue
         history.append({"role": "user", "content": line})
-        request = build_request(engine, settings, messages=history, chat=True, stop=stop)
+        request = prompt_request(engine, settings, messages=history, chat=True, stop=stop)
         try:
             done = stream_request(engine, request)
         except Interrupted as interrupted:
@@ -113,7 +113,7 @@ def stream(
         if text is None:
             _chat_loop(engine, settings, stop)
             return
-        request = build_request(
+        request = prompt_request(
             engine,
             settings,
             prompt=text,

@@ -198,6 +198,8 @@ class Settings:
     profile_name: str
     profile_path: Path
     _entries: Mapping[str, _Entry] = field(repr=False)
+    sampling: SamplingParams = field(repr=False)
+    """The sampler settings as `SamplingParams`, built once when the settings were resolved."""
 
     def value(self, name: str) -> Any:
         """The resolved value of a setting, by flat name (`spec_method`) or key (`speculative.method`)."""
@@ -223,9 +225,13 @@ class Settings:
     def sampling_params(self, **overrides: Any) -> SamplingParams:
         """`SamplingParams` from the sampler settings, with per-request overrides (e.g. `logit_bias`).
 
-        Raises `SamplingParamsError` (with `.parameter` and `.value`) for an out-of-range override.
+        Without overrides this is `sampling`, built at resolution; with them, one new `SamplingParams`
+        from the resolved values (tuples stay tuples) with the overrides on top. Raises
+        `SamplingParamsError` (with `.parameter` and `.value`) for an out-of-range override.
         """
-        return SamplingParams(**{**self.section("sampler"), **overrides})
+        if not overrides:
+            return self.sampling
+        return SamplingParams(**{**_sampler_values(self._entries), **overrides})
 
     def rows(self) -> list[tuple[str, str, Any, Provenance]]:
         """(section, name, value, provenance) for every setting, in display order."""
@@ -342,18 +348,27 @@ def refuse_unimplemented(settings: Settings) -> None:
         )
 
 
-def _check_sampler(entries: dict[str, _Entry]) -> None:
-    """Build `SamplingParams` once, so an out-of-range sampler value fails now (naming its source), and
-    store its normalised values (`samplers` stage names, `seed: -1` -> None, ...) with their sources."""
-    names = [spec.name for spec in SETTINGS.values() if spec.section == "sampler"]
+_SAMPLER_NAMES: tuple[str, ...] = tuple(spec.name for spec in SETTINGS.values() if spec.section == "sampler")
+
+
+def _sampler_values(entries: Mapping[str, _Entry]) -> dict[str, Any]:
+    """The sampler settings' values by name, as stored (lists as tuples: `SamplingParams` takes both)."""
+    return {name: entries[name].value for name in _SAMPLER_NAMES}
+
+
+def _check_sampler(entries: dict[str, _Entry]) -> SamplingParams:
+    """Build `SamplingParams` once, so an out-of-range sampler value fails now (naming its source), store
+    its normalised values (`samplers` stage names, `seed: -1` -> None, ...) with their sources, and
+    return it: it is the settings' sampler, used by every request that has no per-request fields."""
     try:
-        params = SamplingParams(**{name: _plain(entries[name].value) for name in names})
+        params = SamplingParams(**_sampler_values(entries))
     except SamplingParamsError as exc:
         parameter = exc.parameter
         origin = str(entries[parameter].source) if parameter in entries else "sampler"
         raise SettingsError(f"{origin}: sampler.{parameter}: {exc}") from None
-    for name in names:
+    for name in _SAMPLER_NAMES:
         entries[name] = _Entry(getattr(params, name), entries[name].source)
+    return params
 
 
 def _env_value(env: Mapping[str, str], spec: SettingSpec) -> str | None:
@@ -410,8 +425,13 @@ def resolve_settings(flags: Mapping[str, Any], *, env: Mapping[str, str] | None 
         entries[spec.name] = entry
 
     _check_cross_field(entries)
-    _check_sampler(entries)
-    return Settings(profile_name=profile.name, profile_path=profile.path, _entries=MappingProxyType(entries))
+    sampling = _check_sampler(entries)
+    return Settings(
+        profile_name=profile.name,
+        profile_path=profile.path,
+        _entries=MappingProxyType(entries),
+        sampling=sampling,
+    )
 
 
 __all__ = [

@@ -39,13 +39,13 @@ from infer.cli.bench.stats import (
     to_csv,
 )
 from infer.cli.fingerprint import environment_fingerprint
-from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags
+from infer.cli.options import fail, resolve_or_fail, shared_flags
 from infer.cli.runtime import STDERR, counting_progress, open_engine
 from infer.engine.backends.probe import choose_backend
 from infer.engine.runtime.engine import Engine
 from infer.engine.runtime.events import DoneEvent, TokenEvent
 from infer.engine.runtime.request import Request, RequestError
-from infer.engine.sampling import SamplingParams
+from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
 
 PROMPT_SEED = 1234
@@ -107,37 +107,40 @@ def trace_request(engine: Engine, request: Request) -> Trace:
 
 
 class EngineBench:
-    """Runs the tests on a local engine."""
+    """Runs the tests on a local engine, every request under `settings` with the same `seed`."""
 
-    def __init__(self, engine: Engine, sampling: SamplingParams) -> None:
+    def __init__(self, engine: Engine, settings: Settings, seed: int) -> None:
         self.engine = engine
-        self.sampling = sampling
+        self.settings = settings
+        self.seed = seed
         self.prompts = PromptMaker(engine)
 
-    def _request(self, prompt: tuple[int, ...], max_tokens: int) -> Request:
-        return Request(prompt, self.sampling, max_tokens=max_tokens, ignore_eos=True)
+    def request(self, prompt: tuple[int, ...], max_tokens: int) -> Request:
+        """A test's request: `max_tokens` is the test's length (it ignores EOS), as on every surface
+        made by `build_request`."""
+        return build_request(prompt, self.settings, max_tokens=max_tokens, ignore_eos=True, seed=self.seed)
 
     def prefill(self, n_prompt: int) -> tuple[float, Trace]:
         """One pp run: (tokens/s, trace)."""
-        trace = trace_request(self.engine, self._request(self.prompts.make(n_prompt), 1))
+        trace = trace_request(self.engine, self.request(self.prompts.make(n_prompt), 1))
         ttft = trace.ttft or 0.0
         return (n_prompt / ttft if ttft > 0 else 0.0), trace
 
     def decode(self, n_gen: int, depth: int) -> tuple[float, Trace]:
         """One tg run: N decode steps timed after a prompt of `depth` tokens."""
-        trace = trace_request(self.engine, self._request(self.prompts.make(depth), n_gen + 1))
+        trace = trace_request(self.engine, self.request(self.prompts.make(depth), n_gen + 1))
         span = trace.token_times[-1] - trace.token_times[0] if trace.tokens > 1 else 0.0
         return ((trace.tokens - 1) / span if span > 0 else 0.0), trace
 
     def prompt_gen(self, n_prompt: int, n_gen: int) -> tuple[float, Trace]:
         """One pg run: (P + N) / end-to-end."""
-        trace = trace_request(self.engine, self._request(self.prompts.make(n_prompt), n_gen))
+        trace = trace_request(self.engine, self.request(self.prompts.make(n_prompt), n_gen))
         return ((n_prompt + trace.tokens) / trace.e2e if trace.e2e > 0 else 0.0), trace
 
     def concurrent(self, concurrency: int, n_prompt: int, n_gen: int) -> tuple[float, list[Trace]]:
         """C requests at once through the background loop, each consumed by its own thread."""
         engine = self.engine
-        requests = [self._request(self.prompts.make(n_prompt), n_gen) for _ in range(concurrency)]
+        requests = [self.request(self.prompts.make(n_prompt), n_gen) for _ in range(concurrency)]
         traces: list[Trace] = [Trace(0.0) for _ in requests]
         streams = []
         for index, request in enumerate(requests):
@@ -393,8 +396,8 @@ def bench(
                 "raise -c"
             )
         engine = open_engine(settings, max_num_seqs=max([*levels, 1]))
-        sampling = _sampling(settings)
-        runner = EngineBench(engine, sampling)
+        seed = sampling_seed(settings)
+        runner = EngineBench(engine, settings, seed)
         try:
             with _progress(count_steps(tests, levels, repetitions, warmup)) as advance:
                 results = run_engine_tests(
@@ -410,7 +413,7 @@ def bench(
             "threads": settings.threads or _blas_threads() or 0,
             "load_seconds": round(engine.load_seconds, 3),
             "profile": settings.profile_name,
-            "sampling": {"temperature": sampling.temperature, "seed": sampling.seed},
+            "sampling": {"temperature": settings.sampling.temperature, "seed": seed},
             "fingerprint": environment_fingerprint(
                 backend=choice.selected,
                 profile_name=settings.profile_name,
@@ -435,13 +438,10 @@ def bench(
     raise SystemExit(1 if regressed or errors else 0)
 
 
-def _sampling(settings: Settings) -> SamplingParams:
-    """The resolved sampler, with a fixed seed when none is set (the same draws every run)."""
-    with settings_errors():
-        params = settings.sampling_params()
-        if params.seed is None:
-            params = settings.sampling_params(seed=DEFAULT_SAMPLING_SEED)
-    return params
+def sampling_seed(settings: Settings) -> int:
+    """The seed of every bench request: the settings' seed, or a fixed one when none is set (the same
+    draws every run)."""
+    return settings.sampling.seed if settings.sampling.seed is not None else DEFAULT_SAMPLING_SEED
 
 
 class _progress:

@@ -23,8 +23,9 @@ from typing import Any, Literal
 from infer.cli.gate.anchors import Blessing, ResolvedAnchor, token_hash
 from infer.engine.runtime.engine import Engine
 from infer.engine.runtime.events import TokenEvent
-from infer.engine.runtime.request import Request, RequestError
+from infer.engine.runtime.request import RequestError
 from infer.engine.text.prompts import prompt_ids
+from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
 
 Status = Literal["pass", "fail", "tie", "error", "unblessed"]
@@ -70,7 +71,9 @@ class AnchorRun:
 
 
 def run_anchor(engine: Engine, anchor: ResolvedAnchor, settings: Settings) -> AnchorRun:
-    """Generate one anchor alone (single sequence: batching may change float summation order)."""
+    """Generate one anchor alone (single sequence: batching may change float summation order).
+
+    `settings` are the anchor's own (`infer.cli.gate.command`): its sampler, n_predict and n_probs."""
     spec = anchor.anchor
     messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
     ids = prompt_ids(
@@ -80,17 +83,10 @@ def run_anchor(engine: Engine, anchor: ResolvedAnchor, settings: Settings) -> An
         chat=spec.chat,
         parse_special=spec.parse_special,
     )
-    # n_probs only adds reporting (draws do not depend on it); 2 gives the top-2 gap for tie analysis.
-    sampling = settings.sampling_params(n_probs=max(2, settings.n_probs))
     started = time.perf_counter()
     try:
-        request = Request(
-            tuple(ids),
-            sampling,
-            max_tokens=anchor.n_predict,
-            stop=tuple(spec.stop),
-            ignore_eos=spec.ignore_eos,
-        )
+        # `settings` carry the anchor's n_predict and n_probs >= 2 (the top-2 gap for tie analysis)
+        request = build_request(ids, settings, stop=spec.stop, ignore_eos=spec.ignore_eos)
         completion = engine.generate(request)
     except RequestError as exc:
         return AnchorRun((), (), "", "error", len(ids), {}, time.perf_counter() - started, str(exc))

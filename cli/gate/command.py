@@ -6,8 +6,9 @@ e.g. sha256(b"7042,30,198") -- see `infer.cli.gate.anchors`. Exit codes: 0 every
 only near-ties differ under `--allow-ties`), 1 any mismatch, failed generation or unblessed anchor, 2 a
 bad anchors file or setting (one line naming the file, line and key path).
 
-Settings per anchor, highest first: the anchor's own `profile`/`model`/`sampler`, then command-line
-flags (`--profile`, `-t`, `-c` ...), then the file's `defaults:`, then `INFER_*` env and the profile.
+Settings per anchor, highest first: the anchor's own `profile`/`model`/`sampler`/`n_predict`, then
+command-line flags (`--profile`, `-t`, `-c` ...), then the file's `defaults:`, then `INFER_*` env and the
+profile.
 Sampler values never come from flags or `INFER_*` env: an anchor pins its whole sampler, so it means
 the same thing on every machine. `--bless` writes fresh expectations back (comments and order kept).
 """
@@ -66,6 +67,10 @@ def _anchor_settings(loaded: LoadedAnchors, anchor: ResolvedAnchor, cli_flags: d
         if getattr(anchor.anchor, name) is not None:
             flags[name] = getattr(anchor.anchor, name)
     flags.update(anchor.sampler)
+    # The anchor's request is built from these settings like every surface's: its n_predict, and 2
+    # alternatives per token (the top-2 gap for tie analysis; draws do not depend on n_probs).
+    flags["n_predict"] = anchor.n_predict
+    flags["n_probs"] = max(2, int(anchor.sampler.get("n_probs", 0)))
     try:
         return resolve_settings(flags, env=_sampler_env_free(dict(os.environ)))
     except (ProfileError, SamplingParamsError) as exc:

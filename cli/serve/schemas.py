@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt
 
 from infer.cli.serve.errors import APIError
 from infer.engine.runtime.request import Request, RequestError
-from infer.engine.sampling import SamplingParams, SamplingParamsError, resolve_seed
+from infer.engine.sampling import SamplingParams, SamplingParamsError
 from infer.engine.text.chat import VALID_ROLES
+from infer.profiles.requests import build_request
 from infer.profiles.schema import SamplerSection
 from infer.profiles.settings import Settings
 
@@ -143,16 +144,17 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
     ) -> tuple[list[Request], int]:
         """One engine request per (prompt, choice), and the base seed (choice i uses seed + i).
 
-        A prompt that does not fit the context, or a token limit that cannot fit beside the prompt,
-        is APIError 400 (as OpenAI and vLLM answer); an omitted limit means up to the context end
-        (or the server's `--n-predict`).
+        Every request is made by `build_request`, as on every surface: the body's sampler (built once
+        for all choices), its token limit or else the server's `n_predict`. The first request
+        resolves the seed (the body's, or a random one) and choice i of the body draws with
+        seed + i, so one reported seed replays every choice. A prompt that does not fit the
+        context, or a token limit that cannot fit beside the prompt, is APIError 400 (as OpenAI and
+        vLLM answer); an omitted limit means up to the context end (or the server's `--n-predict`).
         """
         params = self.to_sampling_params(settings, vocab_size)
-        # The server picks the seed when the body has none, so it can report one seed that replays
-        # every choice.
-        base_seed = resolve_seed(params.seed)
         limit, limit_param = self.token_limit()
         requests: list[Request] = []
+        base_seed = 0  # the first request's seed, once it is made
         for p, ids in enumerate(prompts):
             if len(ids) >= ctx_size:
                 raise APIError(
@@ -162,7 +164,6 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
                     code="context_length_exceeded",
                 )
             room = ctx_size - len(ids)
-            max_tokens = limit
             if limit is not None and limit > room:
                 raise APIError(
                     f"{limit_param} is too large: {limit}. This model's maximum context length is "
@@ -171,21 +172,19 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
                     param=limit_param,
                     code="context_length_exceeded",
                 )
-            if limit is None and settings.n_predict > 0:
-                max_tokens = min(settings.n_predict, room)  # the server's default, clipped to fit
             for i in range(choices):
                 index = p * choices + i
-                sampling = params.replace(seed=(base_seed + index) % _SEED_SPACE)
+                seed = None if not requests else (base_seed + index) % _SEED_SPACE
                 try:
-                    requests.append(
-                        Request(
-                            prompt_ids=tuple(ids),
-                            sampling=sampling,
-                            max_tokens=max_tokens,
-                            stop=self.stop_strings(),
-                            ignore_eos=self.ignore_eos,
-                            request_id=f"{id_prefix}-{index}",
-                        )
+                    request = build_request(
+                        ids,
+                        settings,
+                        sampling=params,
+                        max_tokens=limit,
+                        stop=self.stop_strings(),
+                        ignore_eos=self.ignore_eos,
+                        seed=seed,
+                        request_id=f"{id_prefix}-{index}",
                     )
                 except RequestError as exc:
                     param = limit_param if exc.parameter == "max_tokens" else exc.parameter
@@ -193,6 +192,11 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
                         param = prompt_param
                     message = str(exc).replace("max_tokens", limit_param)
                     raise APIError(message, param=param) from None
+                if not requests:
+                    base_seed = int(request.seed or 0)  # an int: the request resolved it
+                requests.append(request)
+        if not requests:
+            raise APIError(f"{prompt_param} must not be empty", param=prompt_param)
         return requests, base_seed
 
 

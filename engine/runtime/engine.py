@@ -26,7 +26,7 @@ from infer.engine.runtime.request import FaultHook, Request, RequestError
 from infer.engine.runtime.scheduler import Phase, ScheduledWork, Scheduler, SchedulerLimits
 from infer.engine.runtime.sequence import Sequence
 from infer.engine.runtime.stream import Completion, RequestStream
-from infer.engine.sampling import SequenceSampler, resolve_seed
+from infer.engine.sampling import SequenceSampler
 from infer.engine.text.tokenizer import Tokenizer
 
 
@@ -90,7 +90,7 @@ class Engine:
     def submit(self, request: Request) -> RequestStream:
         """Queue a request and return its event stream (raises RequestError for an impossible one)."""
         self.validate(request)
-        seed = resolve_seed(request.sampling.seed)
+        seed = request.seed  # resolved once, when the request was made
         stop_ids = () if request.ignore_eos else self.tokenizer.stop_ids
         sampler = SequenceSampler(
             request.sampling,

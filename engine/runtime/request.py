@@ -6,7 +6,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from infer.engine.sampling import SamplingParams
+from infer.engine.sampling import SamplingParams, resolve_seed
+
+_SEED_LIMIT = 1 << 64
 
 
 class RequestError(ValueError):
@@ -37,10 +39,19 @@ class Request:
     skip_special: bool = True
     """Special tokens render no text."""
     request_id: str = field(default_factory=new_request_id)
+    seed: int | None = None
+    """The seed of this request's draws, an int once the request exists: None takes `sampling.seed`,
+    or a fresh random seed when that is None too. Resolved here, once; the engine draws with it and
+    reports it (`DoneEvent.seed`) so the run can be repeated."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise RequestError("the prompt is empty: at least one token is needed", "prompt")
+        seed = self.seed
+        if seed is None:
+            object.__setattr__(self, "seed", resolve_seed(self.sampling.seed))
+        elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _SEED_LIMIT:
+            raise RequestError(f"seed must be an integer in [0, 2**64), got {self.seed!r}.", "seed")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens")
         if any(not s for s in self.stop):

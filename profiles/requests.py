@@ -1,0 +1,63 @@
+"""Engine requests from resolved settings: the one function every surface builds its requests with.
+
+`infer generate`, `infer stream`, `infer serve`, `infer bench` and `infer gate` all call
+`build_request`, so a request's sampler, token limit and seed follow one rule on every surface:
+
+- sampler: the settings' `SamplingParams`, built once when the settings were resolved; a caller with
+  per-request sampler fields (an API body) passes the one it built from them, once.
+- token limit: an explicit `max_tokens` wins (an API body's limit, a bench test's length); otherwise
+  the `n_predict` setting, where -1 = until end of sequence or context (0 too, as before).
+- seed: `seed` when given (choice i of an API request), else the sampler's seed, else a fresh random
+  one: `Request` resolves it once, when it is made, and the engine draws with it and reports it.
+
+It lives in `profiles/` because it turns resolved settings into an engine request: it reads
+`Settings` and builds the engine's `Request` (`cli -> profiles -> engine`), so both the CLI and the
+server (`cli/serve/`) call it and the engine never sees `Settings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from infer.engine.runtime.request import Request
+from infer.engine.sampling import SamplingParams
+from infer.profiles.settings import Settings
+
+
+def max_tokens_for(n_predict: int) -> int | None:
+    """The engine's token limit for an `n_predict` setting: -1 (or 0) = None = until end of sequence
+    or context."""
+    return n_predict if n_predict > 0 else None
+
+
+def build_request(
+    prompt_ids: Sequence[int],
+    settings: Settings,
+    *,
+    sampling: SamplingParams | None = None,
+    max_tokens: int | None = None,
+    stop: Iterable[str] = (),
+    ignore_eos: bool = False,
+    seed: int | None = None,
+    request_id: str | None = None,
+) -> Request:
+    """The engine `Request` for `prompt_ids` under resolved `settings` (see the module docstring).
+
+    `sampling` replaces the settings' sampler (per-request fields on top of it, built by the caller);
+    `max_tokens` None = the `n_predict` setting; `seed` None = the sampler's seed or a random one;
+    `request_id` None = a fresh id. Raises `RequestError` (a ValueError) for a bad limit or prompt.
+    """
+    extra: dict[str, Any] = {} if request_id is None else {"request_id": request_id}
+    return Request(
+        tuple(prompt_ids),
+        settings.sampling if sampling is None else sampling,
+        max_tokens=max_tokens if max_tokens is not None else max_tokens_for(settings.n_predict),
+        stop=tuple(stop),
+        ignore_eos=ignore_eos,
+        seed=seed,
+        **extra,
+    )
+
+
+__all__ = ["build_request", "max_tokens_for"]
