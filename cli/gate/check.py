@@ -23,7 +23,7 @@ from typing import Any, Literal
 from infer.cli.gate.anchors import Blessing, ResolvedAnchor, token_hash
 from infer.engine.runtime.engine import Engine
 from infer.engine.runtime.events import TokenEvent
-from infer.engine.runtime.request import RequestError
+from infer.engine.runtime.request import Request, RequestError
 from infer.engine.text.prompts import prompt_ids
 from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
@@ -70,24 +70,32 @@ class AnchorRun:
         )
 
 
-def run_anchor(engine: Engine, anchor: ResolvedAnchor, settings: Settings) -> AnchorRun:
-    """Generate one anchor alone (single sequence: batching may change float summation order).
-
-    `settings` are the anchor's own (`infer.cli.gate.command`): its sampler, n_predict and n_probs."""
+def anchor_prompt_ids(engine: Engine, anchor: ResolvedAnchor) -> list[int]:
+    """The anchor's prompt (text or chat messages) as token ids."""
     spec = anchor.anchor
     messages = [m.model_dump() for m in spec.messages] if spec.messages is not None else None
-    ids = prompt_ids(
+    return prompt_ids(
         engine.tokenizer,
         prompt=spec.prompt,
         messages=messages,
         chat=spec.chat,
         parse_special=spec.parse_special,
     )
+
+
+def anchor_request(ids: Sequence[int], anchor: ResolvedAnchor, settings: Settings) -> Request:
+    """The anchor's request, made by `build_request` as on every surface. `settings` are the anchor's
+    own (`infer.cli.gate.command`): its sampler, its n_predict and n_probs >= 2 (the top-2 gap for tie
+    analysis). Raises `RequestError`."""
+    return build_request(ids, settings, stop=anchor.anchor.stop, ignore_eos=anchor.anchor.ignore_eos)
+
+
+def run_anchor(engine: Engine, anchor: ResolvedAnchor, settings: Settings) -> AnchorRun:
+    """Generate one anchor alone (single sequence: batching may change float summation order)."""
+    ids = anchor_prompt_ids(engine, anchor)
     started = time.perf_counter()
     try:
-        # `settings` carry the anchor's n_predict and n_probs >= 2 (the top-2 gap for tie analysis)
-        request = build_request(ids, settings, stop=spec.stop, ignore_eos=spec.ignore_eos)
-        completion = engine.generate(request)
+        completion = engine.generate(anchor_request(ids, anchor, settings))
     except RequestError as exc:
         return AnchorRun((), (), "", "error", len(ids), {}, time.perf_counter() - started, str(exc))
     done = completion.done

@@ -55,7 +55,7 @@ def _sampler_env_free(env: dict[str, str]) -> dict[str, str]:
     return {key: value for key, value in env.items() if key not in banned}
 
 
-def _anchor_settings(loaded: LoadedAnchors, anchor: ResolvedAnchor, cli_flags: dict[str, Any]) -> Settings:
+def anchor_settings(loaded: LoadedAnchors, anchor: ResolvedAnchor, cli_flags: dict[str, Any]) -> Settings:
     """Resolve one anchor's settings: anchor > command-line flags > file defaults > env > profile."""
     defaults = loaded.spec.defaults
     flags: dict[str, Any] = {}
@@ -235,7 +235,7 @@ def gate(
     selected = loaded.select(filters or [])
     if not selected:
         fail(f"no anchor in {anchors_file} matches --filter {' '.join(filters or [])}")
-    settings_by_anchor = {anchor.index: _anchor_settings(loaded, anchor, flags) for anchor in selected}
+    settings_by_anchor = {anchor.index: anchor_settings(loaded, anchor, flags) for anchor in selected}
 
     console = STDERR if json_output else Console()
     engines: dict[tuple[Any, ...], Engine] = {}
