@@ -119,3 +119,23 @@ def test_greedy_chain_applies_only_the_active_modifiers_in_order():
     assert plain.sample(logits, 0).token_id == 0
     assert penalised.sample(logits, 0).token_id == 1  # 3.0 / 2 = 1.5 < 2.9
     assert math.isclose(float(logits[0]), 3.0)  # logits are not mutated
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(repeat_penalty=1.1, dry_multiplier=0.5, xtc_probability=0.5),
+        SamplingParams(mirostat=2),
+        SamplingParams(temperature=0, repeat_penalty=1.3),
+    ],
+)
+def test_a_finished_sampler_is_freed_at_once(params):
+    # the chain's links hold the history, not the sampler: no reference cycle keeps a finished
+    # request's vocabulary-sized arrays alive until the cyclic garbage collector runs
+    import weakref
+
+    sampler = make(params, prompt_ids=[1, 2, 3])
+    sampler.accept(sampler.sample(LOGITS, 0).token_id)
+    ref = weakref.ref(sampler)
+    del sampler
+    assert ref() is None

@@ -28,7 +28,8 @@ import numpy as np
 
 from infer.engine.sampling import stages as st
 from infer.engine.sampling.draws import PositionRng, draw_uniforms
-from infer.engine.sampling.links import NO_DRAWS, Stage, make_stage
+from infer.engine.sampling.history import TokenHistory
+from infer.engine.sampling.links import NO_DRAWS, build_chain, no_token_left
 from infer.engine.sampling.params import (
     _SEED_LIMIT,
     DEFAULT_SAMPLERS,
@@ -105,24 +106,16 @@ class SequenceSampler:
         self._rng = PositionRng(self.seed)
         self.vocab_size = int(vocab_size)
         self.eos_ids = frozenset(int(t) for t in eos_ids)
-        self._token_texts = token_texts
-        self._breaker: np.ndarray | None = None
-        self._breaker_done = False
         self._arange = np.arange(self.vocab_size, dtype=np.int64)
         self._bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64)
         self._bias_vals = np.fromiter(params.logit_bias.values(), dtype=np.float32)
-        prompt = np.asarray(list(prompt_ids), dtype=np.int64)
-        if prompt.size and (prompt.min() < 0 or prompt.max() >= vocab_size):
-            raise ValueError("prompt_ids contains a token id outside the vocabulary.")
-        self._hist = np.empty(max(64, 2 * prompt.size), dtype=np.int64)
-        self._hist[: prompt.size] = prompt
-        self._n = int(prompt.size)
-        self._n_prompt = self._n
+        self._history = TokenHistory(prompt_ids, self.vocab_size, token_texts, params.dry_sequence_breakers)
         self.mu = 2.0 * params.mirostat_tau
         self._mu_stack: list[float] = []
         self._pending: tuple[int, np.ndarray, np.ndarray] | None = None
         self._n_xtc = params.samplers.count("xtc") if params.mirostat == 0 else 0
-        self._links, self._greedy_links = self._build_chain()
+        self.chain = build_chain(params, self._history, self._arange)
+        """This request's chain, built once (its links hold the history, not this sampler)."""
         self.plain_greedy = params.is_plain_greedy
         """Cached :attr:`SamplingParams.is_plain_greedy`: whether a batch-wide argmax is this
         sampler's whole draw (see :meth:`sample`)."""
@@ -132,14 +125,14 @@ class SequenceSampler:
     @property
     def generated(self) -> tuple[int, ...]:
         """The accepted (generated) tokens, oldest first."""
-        return tuple(int(t) for t in self._hist[self._n_prompt : self._n])
+        return self._history.generated
 
     def accept(self, token_id: int) -> None:
         """Record a generated token into the history (penalties, DRY) and update mirostat's mu."""
         tok = int(token_id)
         if not 0 <= tok < self.vocab_size:
             raise ValueError(f"token id {tok} is outside the vocabulary (size {self.vocab_size}).")
-        position = self._n - self._n_prompt
+        position = self._history.n_generated
         self._mu_stack.append(self.mu)
         if self.params.mirostat and self._pending is not None and self._pending[0] == position:
             _, ids, probs = self._pending
@@ -148,36 +141,19 @@ class SequenceSampler:
                 surprise = -math.log2(float(probs[hit[0]]))
                 self.mu -= self.params.mirostat_eta * (surprise - self.params.mirostat_tau)
         self._pending = None
-        if self._n == self._hist.shape[0]:
-            self._hist = np.concatenate((self._hist, np.empty_like(self._hist)))
-        self._hist[self._n] = tok
-        self._n += 1
+        self._history.append(tok)
 
     def rollback(self, n: int) -> None:
         """Forget the last ``n`` accepted tokens (and their mirostat updates)."""
-        n_gen = self._n - self._n_prompt
+        n_gen = self._history.n_generated
         if not 0 <= n <= n_gen:
             raise ValueError(f"cannot roll back {n} tokens, only {n_gen} were accepted.")
         if n == 0:
             return
-        self._n -= n
+        self._history.drop(n)
         self.mu = self._mu_stack[-n]
         del self._mu_stack[-n:]
         self._pending = None
-
-    def _window(self, last_n: int) -> np.ndarray:
-        start = 0 if last_n < 0 else max(0, self._n - last_n)
-        return self._hist[start : self._n]
-
-    def _breakers(self) -> np.ndarray | None:
-        if not self._breaker_done:
-            self._breaker_done = True
-            texts, pats = self._token_texts, self.params.dry_sequence_breakers
-            if texts is not None and pats:
-                n = min(len(texts), self.vocab_size)
-                self._breaker = np.zeros(self.vocab_size, dtype=bool)
-                self._breaker[:n] = [any(b in texts[i] for b in pats) for i in range(n)]
-        return self._breaker
 
     # ----------------------------------------------------------------- the chain
 
@@ -204,118 +180,30 @@ class SequenceSampler:
             w = np.where(mask, w, np.float32(-np.inf))
         return x, w
 
-    def _no_finite(self) -> NoFiniteLogitsError:
-        return NoFiniteLogitsError(
-            "no token can be sampled: every token is at -inf after logit_bias and the allowed mask."
-        )
-
-    def _build_chain(self) -> tuple[tuple[Stage, ...], tuple[Stage, ...]]:
-        """(the sampling chain, the greedy chain), built once from the params.
-
-        With mirostat the chain is temperature then mirostat (``samplers`` ignored). Otherwise it is
-        ``samplers`` in order, each stage that is on at these params. The greedy chain holds only
-        the logit modifiers (penalties, dry) that are on: truncation cannot move the argmax (greedy
-        skips XTC and typical-p, see the module docstring). A modifier is followed by a check that
-        a candidate is left; a modifier that is off keeps that check only where an earlier link
-        (temperature overflowing, a modifier) could have left none: before that the candidates are
-        a subset of the finite starting set, so the check could not fire.
-        """
-        p = self.params
-        if p.mirostat:
-            temp = p.temperature
-            mirostat = self._mirostat_v1 if p.mirostat == 1 else self._mirostat_v2
-            return (lambda c, u: st.temperature(c, temp), mirostat), ()
-        links: list[Stage] = []
-        greedy: list[Stage] = []
-        may_empty = False
-        coin = 0
-        for name in p.samplers:
-            if name in ("penalties", "dry"):
-                modifier = self._modifier(name)
-                if modifier is not None:
-                    greedy.append(modifier)
-                    links.append(self._checked(modifier))
-                    may_empty = True
-                elif may_empty:
-                    links.append(self._check_left)
-                continue
-            coin += name == "xtc"
-            stage = make_stage(name, p, coin)
-            if stage is not None:
-                links.append(stage)
-                may_empty = may_empty or name == "temperature"
-        return tuple(links), tuple(greedy)
-
-    def _modifier(self, name: str) -> Stage | None:
-        """The history-reading stage ``name`` (penalties or dry), or None when it is off."""
-        if name == "penalties":
-            return self._penalize if self.params.penalties_active else None
-        return self._dry if self.params.dry_active else None
-
-    def _penalize(self, c: st.Cands, u: np.ndarray) -> st.Cands:
-        """Repetition, frequency and presence penalties over the last ``repeat_last_n`` tokens."""
-        p = self.params
-        identity = c[0] is self._arange
-        win = self._window(p.repeat_last_n)
-        if not win.size:
-            return c
-        toks, counts = np.unique(win, return_counts=True)
-        return st.penalties(
-            c, toks, counts.astype(np.float64), p.repeat_penalty,
-            p.frequency_penalty, p.presence_penalty, identity,
-        )  # fmt: skip
-
-    def _dry(self, c: st.Cands, u: np.ndarray) -> st.Cands:
-        """DRY penalties over the last ``dry_penalty_last_n`` tokens."""
-        p = self.params
-        identity = c[0] is self._arange
-        win = self._window(p.dry_penalty_last_n)
-        toks, amounts = st.dry_penalties(
-            win, self._breakers(), p.dry_multiplier, p.dry_base, p.dry_allowed_length
-        )
-        return st.subtract(c, toks, amounts, identity)
-
-    def _checked(self, modifier: Stage) -> Stage:
-        """``modifier`` followed by :meth:`_check_left`."""
-
-        def checked(c: st.Cands, u: np.ndarray) -> st.Cands:
-            return self._check_left(modifier(c, u), u)
-
-        return checked
-
-    def _check_left(self, c: st.Cands, u: np.ndarray) -> st.Cands:
-        """``c`` itself; raises when no candidate has a finite logit."""
-        if c[1].max() == -np.inf:
-            raise self._no_finite()
-        return c
-
-    def _mirostat_v1(self, c: st.Cands, u: np.ndarray) -> st.Cands:
-        return st.mirostat_v1(c, self.mu, self.vocab_size)
-
-    def _mirostat_v2(self, c: st.Cands, u: np.ndarray) -> st.Cands:
-        return st.mirostat_v2(c, self.mu)
-
     def _greedy(self, w: np.ndarray) -> int:
         c: st.Cands = (self._arange, w)
-        for link in self._greedy_links:
+        for link in self.chain.greedy:
             c = link(c, NO_DRAWS)
         logits = c[1]
         best = int(np.argmax(logits))
         if logits[best] == -np.inf:
-            raise self._no_finite()
+            raise no_token_left()
         return best
 
-    def _chain(self, w: np.ndarray, position: int, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _distribution(self, w: np.ndarray, position: int, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(token ids ascending, probs) of the final distribution for non-greedy sampling."""
         if w.min() == -np.inf:
             ids = np.flatnonzero(w > -np.inf)
             if ids.size == 0:
-                raise self._no_finite()
+                raise no_token_left()
             c: st.Cands = (ids, w[ids])
         else:
             c = (self._arange, w)
-        for link in self._links:
+        chain = self.chain
+        for link in chain.links:
             c = link(c, u)
+        if chain.mirostat is not None:
+            c = chain.mirostat(c, self.mu)
         ids, logits = c
         probs = st.softmax(logits)
         nz = probs > 0.0
@@ -345,7 +233,7 @@ class SequenceSampler:
             if self.params.mirostat:
                 self._pending = (pos, ids, probs)
             return ids, probs
-        return self._chain(w, pos, self._rng.uniforms(pos, 1 + self._n_xtc))
+        return self._distribution(w, pos, self._rng.uniforms(pos, 1 + self._n_xtc))
 
     def sample(
         self,
@@ -373,7 +261,7 @@ class SequenceSampler:
                 self._pending = (pos, np.array([token]), np.array([1.0]))
         else:
             u = self._rng.uniforms(pos, 1 + self._n_xtc)
-            ids, probs = self._chain(w, pos, u)
+            ids, probs = self._distribution(w, pos, u)
             cdf = np.cumsum(probs)
             j = int(np.searchsorted(cdf, u[0] * cdf[-1], side="right"))
             token = int(ids[min(j, ids.shape[0] - 1)])

@@ -1,22 +1,36 @@
-"""The links of a request's sampler chain: each history-free stage with its parameters bound.
+"""A request's sampler chain, built once: each stage with its parameters bound, in ``samplers`` order.
 
-A chain is built once per request (:class:`~infer.engine.sampling.chain.SequenceSampler`), as
-llama.cpp's sampler chain and mlx-lm's ``make_sampler`` compose small ``apply_top_k``/``apply_min_p``
-functions: a step then calls its links in order, with no per-token dispatch on stage names. A new
-stage is a pure function in :mod:`~infer.engine.sampling.stages`, a maker here, and its name in
-:data:`~infer.engine.sampling.params.SAMPLER_STAGES`.
+As llama.cpp's sampler chain and mlx-lm's ``make_sampler`` compose small ``apply_top_k``/``apply_min_p``
+functions, :func:`build_chain` turns the params into a tuple of :data:`Stage` callables when the
+request's sampler is made; a step then calls them in order, with no per-token dispatch on stage names.
+A stage that is off at the params (it would return every candidate unchanged) is left out.
+
+A new stage is a pure function in :mod:`~infer.engine.sampling.stages`, a maker in
+:data:`STAGE_MAKERS`, and its name in :data:`~infer.engine.sampling.params.SAMPLER_STAGES`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from infer.engine.sampling import stages as st
-from infer.engine.sampling.params import SamplingParams
+from infer.engine.sampling.history import TokenHistory
+from infer.engine.sampling.params import NoFiniteLogitsError, SamplingParams
 
-__all__ = ["NO_DRAWS", "STAGE_MAKERS", "Stage", "StageMaker", "make_stage"]
+__all__ = [
+    "NO_DRAWS",
+    "STAGE_MAKERS",
+    "Chain",
+    "Stage",
+    "StageMaker",
+    "build_chain",
+    "make_stage",
+    "no_token_left",
+]
 
 Stage = Callable[[st.Cands, np.ndarray], st.Cands]
 """One link of a request's chain: (candidates, this step's uniforms) -> candidates. Its parameters
@@ -78,11 +92,122 @@ STAGE_MAKERS: dict[str, StageMaker] = {
     "xtc": _xtc,
     "temperature": _temperature,
 }
-"""The history-free stages by name. ``penalties`` and ``dry`` read the request's history, so
-:class:`SequenceSampler` builds them itself."""
+"""The history-free stages by name. ``penalties`` and ``dry`` read the request's history: see
+:func:`build_chain`."""
 
 
 def make_stage(name: str, params: SamplingParams, coin: int = 1) -> Stage | None:
     """The history-free stage ``name`` with ``params`` bound (None when it is off at these params);
     ``coin`` is the index of its uniform (``xtc`` only: 1 for the first xtc of the chain)."""
     return STAGE_MAKERS[name](params, coin)
+
+
+def no_token_left() -> NoFiniteLogitsError:
+    """The error of a chain that leaves no candidate with a finite logit."""
+    return NoFiniteLogitsError(
+        "no token can be sampled: every token is at -inf after logit_bias and the allowed mask."
+    )
+
+
+def _check_left(c: st.Cands, u: np.ndarray) -> st.Cands:
+    """``c`` itself; raises when no candidate has a finite logit."""
+    if c[1].max() == -np.inf:
+        raise no_token_left()
+    return c
+
+
+def _checked(modifier: Stage) -> Stage:
+    """``modifier`` followed by :func:`_check_left`: a logit modifier may push every logit to -inf."""
+
+    def checked(c: st.Cands, u: np.ndarray) -> st.Cands:
+        return _check_left(modifier(c, u), u)
+
+    return checked
+
+
+def _penalties(p: SamplingParams, history: TokenHistory, full: np.ndarray) -> Stage | None:
+    """Repetition, frequency and presence penalties over the last ``repeat_last_n`` tokens."""
+    if not p.penalties_active:
+        return None
+    repeat, freq, present, last_n = p.repeat_penalty, p.frequency_penalty, p.presence_penalty, p.repeat_last_n
+
+    def penalties(c: st.Cands, u: np.ndarray) -> st.Cands:
+        window = history.window(last_n)
+        if not window.size:
+            return c
+        toks, counts = np.unique(window, return_counts=True)
+        return st.penalties(c, toks, counts.astype(np.float64), repeat, freq, present, c[0] is full)
+
+    return penalties
+
+
+def _dry(p: SamplingParams, history: TokenHistory, full: np.ndarray) -> Stage | None:
+    """DRY penalties over the last ``dry_penalty_last_n`` tokens."""
+    if not p.dry_active:
+        return None
+    multiplier, base, allowed, last_n = (
+        p.dry_multiplier,
+        p.dry_base,
+        p.dry_allowed_length,
+        p.dry_penalty_last_n,
+    )
+
+    def dry(c: st.Cands, u: np.ndarray) -> st.Cands:
+        window = history.window(last_n)
+        toks, amounts = st.dry_penalties(window, history.breaker_mask(), multiplier, base, allowed)
+        return st.subtract(c, toks, amounts, c[0] is full)
+
+    return dry
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A request's sampler chain (:func:`build_chain`)."""
+
+    links: tuple[Stage, ...]
+    """Sampling: applied in order to the finite candidates."""
+    greedy: tuple[Stage, ...]
+    """Greedy: the logit modifiers that are on, in order (then the argmax)."""
+    mirostat: Callable[[st.Cands, float], st.Cands] | None = None
+    """Mirostat's truncation, applied after ``links`` with the request's running ``mu``."""
+
+
+def build_chain(params: SamplingParams, history: TokenHistory, full: np.ndarray) -> Chain:
+    """The chain of ``params``, built once per request.
+
+    ``history`` is what penalties and DRY read; ``full`` is the ``arange`` the whole-vocabulary
+    candidate set starts from (a modifier indexes it directly). With mirostat the chain is
+    temperature then mirostat (``samplers`` ignored, as llama.cpp). Otherwise it is ``samplers`` in
+    order, each stage that is on. The greedy chain holds only the logit modifiers (penalties, dry)
+    that are on: truncation cannot move the argmax, and greedy skips XTC and typical-p. A modifier is
+    followed by a check that a candidate is left; a modifier that is off keeps that check only where
+    an earlier link (a temperature overflowing to -inf, a modifier) could have left none: before that
+    the candidates are a subset of the finite starting set, so the check could not fire.
+    """
+    p = params
+    if p.mirostat:
+        temp = p.temperature
+        truncate = (
+            functools.partial(st.mirostat_v1, n_vocab=full.shape[0]) if p.mirostat == 1 else st.mirostat_v2
+        )
+        return Chain((lambda c, u: st.temperature(c, temp),), (), truncate)
+    links: list[Stage] = []
+    greedy: list[Stage] = []
+    may_empty = False
+    coin = 0
+    for name in p.samplers:
+        if name in ("penalties", "dry"):
+            modifier = (_penalties if name == "penalties" else _dry)(p, history, full)
+            if modifier is not None:
+                greedy.append(modifier)
+                links.append(_checked(modifier))
+                may_empty = True
+            elif may_empty:
+                links.append(_check_left)
+            continue
+        coin += name == "xtc"
+        stage = make_stage(name, p, coin)
+        if stage is not None:
+            links.append(stage)
+            may_empty = may_empty or name == "temperature"
+    return Chain(tuple(links), tuple(greedy))
