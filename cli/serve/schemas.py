@@ -22,7 +22,7 @@ from infer.engine.sampling import SamplingParams, SamplingParamsError
 from infer.engine.text.chat import VALID_ROLES
 from infer.profiles.requests import build_request
 from infer.profiles.schema import SamplerSection
-from infer.profiles.settings import Settings
+from infer.profiles.settings import SETTINGS, Settings
 
 StrictFloat = Annotated[float, Strict()]
 """A JSON number (an integer is a number too); a string is a type error."""
@@ -62,11 +62,29 @@ def _sampler_fields() -> dict[str, Any]:
     return fields
 
 
+SPECULATIVE_FIELD_NAMES: tuple[str, ...] = tuple(
+    spec.name for spec in SETTINGS.values() if spec.section == "speculative"
+)
+"""The speculative settings under their one name (`spec_method`, ...): API fields too, refused until
+speculative decoding exists (see `Generation.check_supported`)."""
+
+
+def _speculative_fields() -> dict[str, Any]:
+    return {
+        name: (
+            Optional[Any],
+            Field(None, description=f"{SETTINGS[name].description} Not implemented yet: refused."),
+        )
+        for name in SPECULATIVE_FIELD_NAMES
+    }
+
+
 _SamplerFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
     "SamplerFields",
     __base__=_Body,
     __doc__="Sampler fields; omitted ones use the profile's defaults.",
     **_sampler_fields(),
+    **_speculative_fields(),
 )
 SAMPLER_FIELD_NAMES: tuple[str, ...] = tuple(
     n for n in SamplingParams.field_names() if n in _SamplerFields.model_fields
@@ -93,6 +111,19 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         False, description="llama.cpp extension: keep generating past end-of-text."
     )
     user: Optional[StrictStr] = None
+
+    def check_supported(self) -> None:
+        """Refuse what this server cannot honour, rather than silently ignore it: speculative decoding
+        is not implemented yet, so any `spec_*` field other than `spec_method: "none"` is a 400."""
+        for name in SPECULATIVE_FIELD_NAMES:
+            value = getattr(self, name)
+            if value is None or (name == "spec_method" and value == "none"):
+                continue
+            raise APIError(
+                f"{name} = {value!r}: speculative decoding is not implemented yet "
+                "(only spec_method 'none' is accepted)",
+                param=name,
+            )
 
     # -- conversion ----------------------------------------------------------------------------
     def sampler_overrides(self) -> dict[str, Any]:
@@ -257,6 +288,7 @@ class ChatCompletionRequest(Generation):
 
     def check_supported(self) -> None:
         """Refuse what this server cannot honour, rather than silently ignore it."""
+        super().check_supported()
         if self.response_format is not None and self.response_format.type != "text":
             raise APIError(
                 f"response_format type {self.response_format.type!r} is not supported (only 'text')",
@@ -301,6 +333,7 @@ class CompletionRequest(Generation):
 
     def check_supported(self) -> None:
         """Refuse what this server cannot honour."""
+        super().check_supported()
         if self.suffix:
             raise APIError("suffix (insertion) is not supported", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
@@ -370,6 +403,7 @@ class ResponsesRequest(Generation):
 
     def check_supported(self) -> None:
         """Refuse what this server cannot honour."""
+        super().check_supported()
         if self.previous_response_id is not None:
             raise APIError(
                 "previous_response_id is not supported: responses are not stored",
