@@ -64,14 +64,16 @@ def decode_run(engine: Engine, sequences: int, new_tokens: int) -> DecodeRun:
         for i in range(sequences)
     ]
     engine.step()
-    while any(seq.phase.value != "decode" for seq in engine.scheduler.running) or engine.scheduler.waiting:
+    while any(seq.in_prefill for seq in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     ceiling = matmul_step(engine.model, sequences)
     all_ceiling = attention_matmul_step(engine.model, engine.cache, sequences)
     ceiling()  # warm-up
     step_s, matmul_s, all_matmul_s = [], [], []
     while engine.scheduler.running:
-        width = int(engine.cache.lengths[:sequences].max()) + 1  # what this step's attention reads
+        width = (
+            max(s.num_computed_tokens for s in engine.scheduler.running) + 1
+        )  # what this step's attention reads
         step_s.append(timed(engine.step))
         matmul_s.append(timed(ceiling))
         all_matmul_s.append(timed(lambda width=width: all_ceiling(width)))

@@ -1,8 +1,10 @@
 """The Engine: submit(request) -> a stream of events, produced by one step loop for every mode.
 
-Each step is schedule -> execute -> update: the scheduler picks decode rows and prefill chunks,
-the model runs them as one ragged batch, and each sequence samples, detokenizes and emits its
-events. Greedy or sampled, alone or batched, on any backend, every request goes through here.
+Each step is schedule -> execute -> sample -> advance -> emit: the scheduler picks each sequence's
+tokens not yet in the KV cache (decode tokens, drafts, prefill chunks) and the rows whose logits it
+needs, the model runs them as one ragged batch, each item's rows are sampled, the sequence advances
+by the accepted tokens (one today, several once drafts are verified), and its events go out.
+Greedy or sampled, alone or batched, on any backend, every request goes through here.
 A step that fails ends only the requests it belongs to, with finish_reason "error", a message
 naming the step, and every token produced before it.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,11 +25,15 @@ from infer.engine.models.llama import LlamaModel
 from infer.engine.runtime.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
 from infer.engine.runtime.output import OutputProcessor
 from infer.engine.runtime.request import FaultHook, Request, RequestError
-from infer.engine.runtime.scheduler import Phase, ScheduledWork, Scheduler, SchedulerLimits
+from infer.engine.runtime.scheduler import ScheduledWork, Scheduler, SchedulerLimits
 from infer.engine.runtime.sequence import Sequence
 from infer.engine.runtime.stream import Completion, RequestStream
-from infer.engine.sampling import SequenceSampler
+from infer.engine.sampling import SampledToken, SequenceSampler
 from infer.engine.text.tokenizer import Tokenizer
+
+ItemLogits = tuple[np.ndarray, list[int] | None, int]
+"""A work item's share of a forward: the batch's logits rows [rows, vocab], the argmax of every row
+(None unless some row is plain greedy), and the index of the item's first row."""
 
 
 @dataclass(frozen=True)
@@ -163,50 +169,51 @@ class Engine:
                 seq = item.sequence
                 if seq.scheduled_at is None:
                     seq.scheduled_at = now
-                if self._run_fault_hook(seq):
+                if self._run_fault_hook(item):
                     runnable.append(item)
             logits = self._execute(runnable)
             for item in runnable:
-                if item.sequence.phase is not Phase.FINISHED:
-                    self._update(item, *logits.get(id(item.sequence), (None, None)))
+                if not item.sequence.is_finished:
+                    self._complete(item, logits.get(id(item.sequence)))
             return True
 
-    def _run_fault_hook(self, seq: Sequence) -> bool:
+    def _run_fault_hook(self, item: ScheduledWork) -> bool:
         hook = self.config.fault_hook
         if hook is None:
             return True
-        phase, index = seq.step_label()
         try:
-            hook(seq.request.request_id, phase, index)
+            hook(item.sequence.request.request_id, item.kind, item.index)
         except Exception as exc:
-            self._fail(seq, exc)
+            self._fail(item.sequence, item.label, exc)
             return False
         return True
 
-    def _forward(self, work: list[ScheduledWork]) -> dict[int, tuple[np.ndarray, int | None]]:
-        """Run one ragged batch; each sampling sequence gets its logits row and, when its params are
-        plain greedy, the row's argmax (taken for the whole batch in one call)."""
+    def _forward(self, work: list[ScheduledWork]) -> dict[int, ItemLogits]:
+        """Run one ragged batch; each sampling sequence gets its logits rows and, when its params are
+        plain greedy, the rows' argmax (taken for the whole batch in one call)."""
         rows: list[int] = []
         segments: list[Segment] = []
         logit_rows: list[int] = []
-        owners: list[int] = []
+        firsts: list[tuple[int, int]] = []
+        any_greedy = False
         for item in work:
-            assert item.sequence.slot is not None
-            segments.append(Segment(item.sequence.slot, item.start, len(item.tokens)))
+            seq = item.sequence
+            assert seq.slot is not None
+            segments.append(Segment(seq.slot, item.start, len(item.tokens)))
+            if item.logit_rows:
+                firsts.append((id(seq), len(logit_rows)))
+                offset = len(rows)
+                logit_rows.extend(offset + r for r in item.logit_rows)
+                any_greedy = any_greedy or seq.sampler.plain_greedy
             rows.extend(item.tokens)
-            if item.needs_logits:
-                logit_rows.append(len(rows) - 1)
-                owners.append(id(item.sequence))
         batch = ForwardBatch(
             np.asarray(rows, dtype=np.int64), tuple(segments), np.asarray(logit_rows, dtype=np.int64)
         )
         logits = self.model.forward(batch, self.cache)
-        argmax: list[int | None] = [None] * len(owners)
-        if any(item.needs_logits and item.sequence.sampler.plain_greedy for item in work):
-            argmax = logits.argmax(axis=1).tolist()
-        return {owner: (logits[i], argmax[i]) for i, owner in enumerate(owners)}
+        argmax = logits.argmax(axis=1).tolist() if any_greedy else None
+        return {owner: (logits, argmax, first) for owner, first in firsts}
 
-    def _execute(self, work: list[ScheduledWork]) -> dict[int, tuple[np.ndarray, int | None]]:
+    def _execute(self, work: list[ScheduledWork]) -> dict[int, ItemLogits]:
         """One forward for the whole batch; if it fails, rerun each sequence alone so only the
         sequence whose step really fails is ended (each rerun rewrites the same cache positions)."""
         if not work:
@@ -215,34 +222,81 @@ class Engine:
             return self._forward(work)
         except Exception as exc:
             if len(work) == 1:
-                self._fail(work[0].sequence, exc)
+                self._fail(work[0].sequence, work[0].label, exc)
                 return {}
-        logits: dict[int, tuple[np.ndarray, int | None]] = {}
+        logits: dict[int, ItemLogits] = {}
         for item in work:
             try:
                 logits |= self._forward([item])
             except Exception as exc:
-                self._fail(item.sequence, exc)
+                self._fail(item.sequence, item.label, exc)
         return logits
 
-    def _update(self, item: ScheduledWork, logits: np.ndarray | None, argmax: int | None) -> None:
+    def _complete(self, item: ScheduledWork, logits: ItemLogits | None) -> None:
+        """After the forward: sample the item's logits rows, advance the sequence by what was
+        accepted, and end it if a draw failed."""
         seq = item.sequence
-        seq.num_cached = item.start + len(item.tokens)
-        assert seq.slot is not None
-        self.cache.lengths[seq.slot] = seq.num_cached
-        if seq.phase is Phase.PREFILL:
-            seq.prefill_chunks += 1
-        if not item.needs_logits:
+        if not item.logit_rows:  # a prefill chunk short of the prompt's end: only the cache moved
+            seq.num_computed_tokens = item.start + len(item.tokens)
             return
         assert logits is not None
-        seq.phase = Phase.DECODE
+        accepted, error = self._sample(item, logits)
+        if accepted:
+            self.advance(seq, accepted)
+        if error is not None and not seq.is_finished:
+            self._fail(seq, f"decode step {len(seq.generated)} (sampling)", error)
+
+    @staticmethod
+    def _sample(item: ScheduledWork, logits: ItemLogits) -> tuple[list[SampledToken], Exception | None]:
+        """Draw a token from each logits row of `item` in order, at position len(generated) + row
+        offset (so every draw is a pure function of the seed and its position), and keep going only
+        while the draw equals the draft the item fed at the next row (sample-and-compare: the kept
+        tokens are exactly those of plain decoding). Each draw is recorded in the sampler at once,
+        as the next row's draw depends on it. Returns the accepted tokens and the error that stopped
+        the draws early, if any."""
+        seq = item.sequence
+        sampler = seq.sampler
+        block, argmax, first = logits
         position = len(seq.generated)
-        try:
-            sampled = seq.sampler.sample(logits, position, argmax=argmax)
-        except Exception as exc:
-            self._fail(seq, exc, "sampling")
-            return
-        seq.sampler.accept(sampled.token_id)
+        accepted: list[SampledToken] = []
+        last = len(item.logit_rows) - 1
+        for j, row in enumerate(item.logit_rows):
+            i = first + j
+            try:
+                sampled = sampler.sample(block[i], position + j, argmax=None if argmax is None else argmax[i])
+                sampler.accept(sampled.token_id)
+            except Exception as exc:
+                return accepted, exc
+            accepted.append(sampled)
+            if j == last or sampled.token_id != item.tokens[row + 1]:
+                break
+        return accepted, None
+
+    def advance(self, seq: Sequence, accepted: Iterable[SampledToken]) -> None:
+        """Move `seq` forward by the tokens accepted for its last work item (one per step today;
+        several once drafts are verified), in order.
+
+        Each token is appended and emitted as its own TokenEvent; stop tokens, stop strings,
+        max_tokens and the context end are checked after each one, and once the request finishes
+        the rest are dropped. The position counter then ends at the last kept token's position:
+        every token before it is in the KV cache (its own, the prompt's, the accepted drafts'),
+        and cache entries past it (rejected drafts) are simply overwritten by later steps. The
+        sampler has already recorded the tokens (the sampling step does, as it draws them).
+        """
+        events: list[TokenEvent] = []
+        reason: FinishReason | None = None
+        for sampled in accepted:
+            event, reason = self._append(seq, sampled)
+            events.append(event)
+            if reason is not None:
+                break
+        seq.num_computed_tokens = seq.num_tokens - 1
+        seq.draft_ids.clear()
+        self._emit(seq, events, reason)
+
+    def _append(self, seq: Sequence, sampled: SampledToken) -> tuple[TokenEvent, FinishReason | None]:
+        """One accepted token: the completion, its text, and whether the request ends with it."""
+        position = len(seq.generated)
         seq.generated.append(sampled.token_id)
         if seq.first_token_at is None:
             seq.first_token_at = time.perf_counter()
@@ -255,25 +309,25 @@ class Engine:
             ):
                 reason = "length"
         text = out.text + (seq.output.finish() if reason == "length" else "")
-        seq.stream.push(
-            TokenEvent(
-                seq.request.request_id,
-                position,
-                sampled.token_id,
-                text,
-                sampled.logprob,
-                sampled.top_logprobs,
-                self.steps,
-            )
+        event = TokenEvent(
+            seq.request.request_id,
+            position,
+            sampled.token_id,
+            text,
+            sampled.logprob,
+            sampled.top_logprobs,
+            self.steps,
         )
+        return event, reason
+
+    def _emit(self, seq: Sequence, events: list[TokenEvent], reason: FinishReason | None) -> None:
+        """Push the step's token events in order, then end the request if one of them finished it."""
+        for event in events:
+            seq.stream.push(event)
         if reason is not None:
             self._finish(seq, reason)
 
-    def _fail(self, seq: Sequence, exc: BaseException, where: str | None = None) -> None:
-        phase, index = seq.step_label()
-        label = f"prefill chunk {index}" if phase == "prefill" else f"decode step {index}"
-        if where:
-            label += f" ({where})"
+    def _fail(self, seq: Sequence, label: str, exc: BaseException) -> None:
         message = f"{label} failed after {len(seq.generated)} tokens: {type(exc).__name__}: {exc}"
         self._finish(seq, "error", message)
 

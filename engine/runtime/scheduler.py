@@ -1,6 +1,8 @@
-"""Continuous batching: which sequences run this step, and with how many tokens each.
+"""Continuous batching by token counts: which sequences run this step, and which of their tokens.
 
-Each step holds every generating sequence's next token (decode) plus prefill chunks of newly
+A sequence's work is always "its tokens from `num_computed_tokens` on" (as in vLLM's v1 scheduler):
+a chunk of its prompt while the prompt is not in the KV cache, otherwise the newest token plus any
+drafts. Each step holds every generating sequence's work (decode) plus prefill chunks of newly
 admitted prompts, within `max_batched_tokens` rows and `max_num_seqs` sequences. Decode rows go
 first so a long prompt being admitted never stalls the sequences that are already streaming: it is
 prefilled a chunk per step beside them.
@@ -10,25 +12,16 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING
+from typing import Literal
 
 from infer.engine.runtime.kv_cache import KVCache
+from infer.engine.runtime.sequence import Sequence, SequenceStatus
 
-if TYPE_CHECKING:
-    from infer.engine.runtime.sequence import Sequence
+StepKind = Literal["prefill", "decode"]
+"""How fault hooks and error messages name a step: "prefill chunk N" or "decode step N"."""
 
-
-class Phase(Enum):
-    """Where a sequence is in its life."""
-
-    WAITING = "waiting"
-    """Submitted, no KV slot yet (queued)."""
-    PREFILL = "prefill"
-    """Holds a slot; prompt not fully in the cache."""
-    DECODE = "decode"
-    """Generating one token per step."""
-    FINISHED = "finished"
+_LAST_ROW = (0,)
+"""The logit rows of a one-token decode item (shared: it is the hot path)."""
 
 
 @dataclass(frozen=True)
@@ -40,18 +33,32 @@ class SchedulerLimits:
     max_batched_tokens: int
     """Rows in one forward pass."""
     chunk_size: int
-    """Largest prefill chunk of one sequence in one step (`batch_size`)."""
+    """Largest prefill chunk of one sequence in one step (`batch_size`); chunks end at multiples of
+    it from the start of the prompt, whatever else runs."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ScheduledWork:
-    """One sequence's share of a step: `tokens` new positions starting at `start`."""
+    """One sequence's share of a step: `tokens` fed at positions `start`, `start + 1`, ...
+
+    `logit_rows` are offsets into `tokens` (ascending) whose logits are sampled: none for a prefill
+    chunk that does not finish the prompt, the last row for the chunk that does and for a decode
+    token, and one row per draft more when the item carries drafts (the draw at row r is compared
+    with the token fed at row r + 1, the draft it verifies).
+    """
 
     sequence: Sequence
     start: int
     tokens: tuple[int, ...]
-    needs_logits: bool
-    """The row's logits are sampled (decode, or the chunk that completes the prompt)."""
+    logit_rows: tuple[int, ...]
+    kind: StepKind
+    index: int
+    """Prefill: the chunk number (`start // chunk_size`); decode: tokens generated before this step."""
+
+    @property
+    def label(self) -> str:
+        """The step as errors name it: "prefill chunk N" or "decode step N"."""
+        return f"prefill chunk {self.index}" if self.kind == "prefill" else f"decode step {self.index}"
 
 
 @dataclass
@@ -65,7 +72,7 @@ class Scheduler:
 
     def add(self, sequence: Sequence) -> None:
         """Queue a new sequence; it gets a slot when one is free."""
-        sequence.phase = Phase.WAITING
+        sequence.status = SequenceStatus.WAITING
         self.waiting.append(sequence)
 
     def remove(self, sequence: Sequence) -> None:
@@ -77,7 +84,7 @@ class Scheduler:
         if sequence.slot is not None:
             self.cache.release(sequence.slot)
             sequence.slot = None
-        sequence.phase = Phase.FINISHED
+        sequence.status = SequenceStatus.FINISHED
 
     @property
     def has_work(self) -> bool:
@@ -91,7 +98,8 @@ class Scheduler:
                 return
             sequence = self.waiting.popleft()
             sequence.slot = slot
-            sequence.phase = Phase.PREFILL
+            sequence.num_computed_tokens = 0
+            sequence.status = SequenceStatus.RUNNING
             self.running.append(sequence)
 
     def schedule(self) -> list[ScheduledWork]:
@@ -100,15 +108,40 @@ class Scheduler:
         work: list[ScheduledWork] = []
         budget = self.limits.max_batched_tokens
         for seq in self.running:
-            if seq.phase is Phase.DECODE and budget > 0:
-                work.append(ScheduledWork(seq, seq.num_cached, (seq.last_token,), True))
-                budget -= 1
+            if budget <= 0:
+                break
+            if not seq.in_prefill:
+                item = self._decode_work(seq, budget)
+                work.append(item)
+                budget -= len(item.tokens)
         for seq in self.running:
-            if seq.phase is not Phase.PREFILL or budget <= 0:
-                continue
-            remaining = len(seq.prompt_ids) - seq.num_cached
-            size = min(remaining, self.limits.chunk_size, budget)
-            chunk = seq.prompt_ids[seq.num_cached : seq.num_cached + size]
-            work.append(ScheduledWork(seq, seq.num_cached, tuple(chunk), size == remaining))
-            budget -= size
+            if budget <= 0:
+                break
+            if seq.in_prefill:
+                item = self._prefill_work(seq, budget)
+                work.append(item)
+                budget -= len(item.tokens)
         return work
+
+    def _decode_work(self, seq: Sequence, budget: int) -> ScheduledWork:
+        """The token not yet in the cache (the last one sampled), then as many drafts as the budget
+        and the context allow; every row's logits are sampled."""
+        start = seq.num_computed_tokens
+        index = len(seq.generated)
+        if not seq.draft_ids:
+            return ScheduledWork(seq, start, (seq.last_token,), _LAST_ROW, "decode", index)
+        room = min(budget, self.cache.capacity - start)
+        tokens = (seq.last_token, *seq.draft_ids)[: max(room, 1)]
+        return ScheduledWork(seq, start, tokens, tuple(range(len(tokens))), "decode", index)
+
+    def _prefill_work(self, seq: Sequence, budget: int) -> ScheduledWork:
+        """The prompt's next chunk: up to the next multiple of chunk_size, cut short by the budget
+        (the chunk after a cut one ends at the multiple again); the chunk that finishes the prompt
+        samples its last row."""
+        chunk = self.limits.chunk_size
+        start = seq.num_computed_tokens
+        prompt = seq.prompt_ids
+        size = min(len(prompt) - start, chunk - start % chunk, budget)
+        end = start + size
+        rows = (size - 1,) if end == len(prompt) else ()
+        return ScheduledWork(seq, start, prompt[start:end], rows, "prefill", start // chunk)

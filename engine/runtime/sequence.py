@@ -1,35 +1,54 @@
-"""A request in flight: its tokens, cache position, sampler, text assembly, stream and clocks."""
+"""A request in flight: its tokens, how many of them are in the KV cache, sampler, text, stream, clocks."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from infer.engine.runtime.output import OutputProcessor
 from infer.engine.runtime.request import Request
-from infer.engine.runtime.scheduler import Phase
 from infer.engine.sampling import SequenceSampler
 
 if TYPE_CHECKING:
     from infer.engine.runtime.stream import RequestStream
 
 
+class SequenceStatus(Enum):
+    """Where a sequence is in its life (what it still has to compute is counted in tokens, not here)."""
+
+    WAITING = "waiting"
+    """Submitted, no KV slot yet (queued)."""
+    RUNNING = "running"
+    """Holds a KV slot; scheduled every step until it finishes."""
+    FINISHED = "finished"
+    """Done, cancelled or failed; its slot is free again."""
+
+
 @dataclass
 class Sequence:
-    """Mutable per-request state owned by the engine thread."""
+    """Mutable per-request state owned by the engine thread.
+
+    The sequence's tokens are its prompt followed by `generated`; `num_computed_tokens` of them (from
+    the start) have their keys and values in the KV cache, and it is the sequence's only position
+    counter: the next step feeds the tokens from there on. `draft_ids` are proposed continuations
+    (speculative drafts) the next step feeds after them and verifies.
+    """
 
     request: Request
     stream: RequestStream
     sampler: SequenceSampler
     output: OutputProcessor
     seed: int
-    phase: Phase = Phase.WAITING
+    status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None
-    num_cached: int = 0
-    """Positions of this sequence already in the KV cache."""
+    num_computed_tokens: int = 0
+    """Tokens of this sequence (from position 0) whose keys and values are in the KV cache."""
     generated: list[int] = field(default_factory=list)
-    prefill_chunks: int = 0
+    draft_ids: list[int] = field(default_factory=list)
+    """Proposed next tokens, fed after the sequence's own ones and kept only while the model's own
+    draws agree with them (none today: the speculative drafters fill this)."""
     submitted_at: float = field(default_factory=time.perf_counter)
     scheduled_at: float | None = None
     first_token_at: float | None = None
@@ -40,12 +59,26 @@ class Sequence:
         return self.request.prompt_ids
 
     @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.request.prompt_ids) + len(self.generated)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """Every token of the sequence, prompt first (a copy: for inspection, not the step loop)."""
+        return (*self.request.prompt_ids, *self.generated)
+
+    @property
     def last_token(self) -> int:
         """The newest token (the next one a decode step feeds), without copying the history."""
         return self.generated[-1] if self.generated else self.request.prompt_ids[-1]
 
-    def step_label(self) -> tuple[str, int]:
-        """(phase, index) of the step this sequence is about to run, as fault hooks and errors name it."""
-        if self.phase is Phase.PREFILL:
-            return "prefill", self.prefill_chunks
-        return "decode", len(self.generated)
+    @property
+    def in_prefill(self) -> bool:
+        """Part of the prompt is not in the KV cache yet (no token generated)."""
+        return self.num_computed_tokens < len(self.request.prompt_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        """Done, cancelled or failed."""
+        return self.status is SequenceStatus.FINISHED
