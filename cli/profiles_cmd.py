@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags
-from infer.engine.backends.probe import choose_backend, fallback_notice
+from infer.profiles.backend_choice import choose_backend, fallback_notice
 from infer.profiles.loader import ProfileError, display_path, load_profile, shipped_profiles
 from infer.profiles.schema import ProfileFile
 from infer.profiles.settings import Settings

@@ -21,10 +21,10 @@ from threadpoolctl import threadpool_limits
 
 from infer.cli.model_store import KNOWN_MODELS, ModelSpec, ModelStoreError, pull, resolve_spec
 from infer.cli.options import fail
-from infer.engine.backends.probe import choose_backend, fallback_notice
 from infer.engine.loader import ModelLoadError
 from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
 from infer.engine.runtime.request import FaultHook
+from infer.profiles.backend_choice import choose_backend, fallback_notice
 from infer.profiles.settings import Settings, SettingsError, refuse_unimplemented
 
 STDERR = Console(stderr=True)

@@ -21,9 +21,10 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from infer.engine.backends import BACKEND_NAMES
 from infer.engine.sampling import SamplingParams
 
-Backend = Literal["cpu", "cuda", "metal"]
+Backend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # derived from the one backend registry
 DType = Literal["float32", "float16", "bfloat16"]
 SpeculativeMethod = Literal["none", "prompt_lookup", "draft_model"]
 

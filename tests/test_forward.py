@@ -8,7 +8,7 @@ import pytest
 from infer.engine.backends.cpu import CpuBackend
 from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.loader import load_checkpoint
-from infer.engine.models.llama import LlamaModel
+from infer.engine.models import build_model
 from infer.engine.runtime.engine import Engine, EngineConfig
 from infer.engine.runtime.request import Request
 from infer.engine.sampling import SamplingParams
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.real_model
 def engine(default_model_path) -> Engine:
     """The default model on the CPU backend."""
     checkpoint = load_checkpoint(default_model_path)
-    model = LlamaModel(checkpoint, CpuBackend())
+    model = build_model(checkpoint, CpuBackend())
     return Engine(model, checkpoint.tokenizer, EngineConfig(ctx_size=256, max_num_seqs=4))
 
 

@@ -33,7 +33,7 @@ from synthetic import (
 from infer.engine.backends.cpu import CpuBackend
 from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.loader import Checkpoint, ModelLoadError, load_checkpoint
-from infer.engine.models.llama import LlamaModel
+from infer.engine.models import build_model
 
 pytest_plugins = ["conftest_synthetic"]  # the tiny-model fixtures
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
@@ -45,13 +45,12 @@ PROMPT = "<|im_start|>user\nhello the sea, 12345 é€ is it?<|im_end|>\n<|im_st
 
 def model_logits(checkpoint: Checkpoint, ids: list[int]) -> np.ndarray:
     """Logits [len(ids), vocab]: a prefill of all but the last token, then one decode step."""
-    model = LlamaModel(checkpoint, CpuBackend())
+    model = build_model(checkpoint, CpuBackend())
     cache = model.make_cache(2, 64)
     slot = 1  # not slot 0, so a slot mix-up shows
     head = np.asarray(ids[:-1], dtype=np.int64)
     prefill = ForwardBatch(head, (Segment(slot, 0, len(head)),), np.arange(len(head), dtype=np.int64))
     first = model.forward(prefill, cache)
-    cache.lengths[slot] = len(head)
     step = ForwardBatch(
         np.asarray(ids[-1:], dtype=np.int64), (Segment(slot, len(head), 1),), np.zeros(1, np.int64)
     )
@@ -192,9 +191,10 @@ def test_both_loaders_read_the_same_config_and_tokenizer(
     assert b.config.rope_layout == "half"
     if kwargs.get("rope_scaling") == "llama3":
         assert b.config.rope_scaling["rope_type"] == "llama3"
-        assert a.rope_freq_factors is not None and a.rope_freq_factors.shape == (a.config.head_dim // 2,)
+        factors = a.weights.get("rope_freqs.weight")
+        assert factors is not None and factors.shape == (a.config.head_dim // 2,)
     else:
-        assert a.rope_freq_factors is None
+        assert "rope_freqs.weight" not in a.weights
     ta, tb = a.tokenizer, b.tokenizer
     assert (ta.vocab_size, ta.bos_id, ta.eos_id) == (tb.vocab_size, BOS_ID, EOS_ID)
     assert tb.bos_id == BOS_ID and tb.eos_id == EOS_ID
@@ -239,7 +239,7 @@ def test_the_comparison_notices_a_wrong_rope_layout_or_missing_rope_factors(
     object.__setattr__(wrong_layout.config, "rope_layout", "half")
     assert np.abs(model_logits(wrong_layout, prompt_ids) - reference).max() > 1e-2
     no_factors = load_checkpoint(model.gguf_path)
-    no_factors.rope_freq_factors = None
+    del no_factors.weights["rope_freqs.weight"]
     assert np.abs(model_logits(no_factors, prompt_ids) - reference).max() > 1e-2
 
 
@@ -451,7 +451,7 @@ def test_malformed_values(case: str, tiny_model: TinyModel, tmp_path: Path) -> N
     path, expect = MALFORMED_VALUES[case](tmp_path, _copy(tiny_model, tmp_path))
     try:
         checkpoint = load_checkpoint(path)
-        LlamaModel(checkpoint, CpuBackend())
+        build_model(checkpoint, CpuBackend())
     except ModelLoadError as exc:
         message = str(exc)
         assert "\n" not in message.strip() and str(path) in message, message

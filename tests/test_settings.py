@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infer.engine.backends.probe import (
+from infer.profiles.backend_choice import (
     BackendChoice,
     choose_backend,
     fallback_notice,

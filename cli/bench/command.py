@@ -41,10 +41,10 @@ from infer.cli.bench.stats import (
 from infer.cli.fingerprint import environment_fingerprint
 from infer.cli.options import fail, resolve_or_fail, shared_flags
 from infer.cli.runtime import STDERR, counting_progress, open_engine
-from infer.engine.backends.probe import choose_backend
 from infer.engine.runtime.engine import Engine
 from infer.engine.runtime.events import DoneEvent, TokenEvent
 from infer.engine.runtime.request import Request, RequestError
+from infer.profiles.backend_choice import choose_backend
 from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
 

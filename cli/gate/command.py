@@ -40,9 +40,9 @@ from infer.cli.gate.anchors import (
 from infer.cli.gate.check import AnchorResult, AnchorRun, judge, relative_gap, run_anchor, write_junit
 from infer.cli.options import fail, shared_flags
 from infer.cli.runtime import STDERR, counting_progress, open_engine
-from infer.engine.backends.probe import choose_backend
 from infer.engine.runtime.engine import Engine
 from infer.engine.sampling import SamplingParamsError
+from infer.profiles.backend_choice import choose_backend
 from infer.profiles.loader import ProfileError
 from infer.profiles.settings import SETTINGS, Settings, resolve_settings
 

@@ -1,48 +1,101 @@
-"""The Backend protocol: the array module and the handful of ops the models need.
+"""The Backend protocol: what the models need, at the level they think in.
 
-Models call only this protocol, so a model file is written once for every backend.
+Models call only this protocol (weights the backend created, linear, embed, norms, RoPE, the
+activation, KV writes and attention over the cache), so a model file is written once for every
+backend and never touches an array library on activations. Host-side numpy (positions, slot
+indices, masks) is passed in as numpy and the backend moves it with `asarray`.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from infer.engine.backends.attention import AttentionPlan
+    from infer.engine.backends.kv_cache import KVCache
 
 Array = Any
 """A backend array (numpy.ndarray on cpu, cupy.ndarray on cuda, mlx.core.array on metal)."""
 
 
+@dataclass(frozen=True)
+class SamplingEnvelope:
+    """Which requests a backend may sample on the device (placeholder: no backend samples there yet)."""
+
+    on_device: bool = False
+    """True when the backend has device sampling kernels; the envelope function comes with them."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend class can do, declared next to its probe."""
+
+    dtypes: tuple[str, ...]
+    """Compute dtypes it accepts at construction (profile `dtype` values)."""
+    quant_formats: tuple[str, ...] = ()
+    """GGUF block formats `Backend.weight` takes as blocks, without a float copy (empty: dense only)."""
+    sampling: SamplingEnvelope = SamplingEnvelope()
+    """Device-sampling envelope."""
+
+
+class Weight(Protocol):
+    """A weight the backend created from a checkpoint array; models pass it back to the backend's ops."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical shape ([out, in] for a matrix, [n] for a vector)."""
+        ...
+
+
 class Backend(Protocol):
     """The ops a model needs, over the backend's own array type."""
 
-    name: str
+    name: ClassVar[str]
     """Backend name as profiles spell it: cpu, cuda, metal."""
-    xp: ModuleType
-    """The numpy-compatible array module the backend computes with."""
+    capabilities: ClassVar[Capabilities]
+    """Dtypes, quant formats and sampling envelope of this backend class."""
+    dtype: str
+    """Compute dtype chosen at construction (one of capabilities.dtypes)."""
 
-    def upload(self, array: np.ndarray) -> Array:
-        """Copy a host float32 array to the device in the backend's compute dtype, contiguous."""
+    # -- weights and host data ------------------------------------------------------------------
+    def weight(
+        self, array: np.ndarray, *, quant: str | None = None, shape: tuple[int, ...] | None = None
+    ) -> Weight:
+        """A weight from a checkpoint array. Dense (`quant` None): `array` is a float array of the
+        weight's shape. Quantized (`quant` a GGUF type name such as "Q4_1", one of
+        capabilities.quant_formats): `array` is the tensor's raw blocks as stored (uint8, memory-mapped
+        is fine: no float copy is made) and `shape` its logical shape."""
+        ...
+
+    def asarray(self, host: np.ndarray) -> Array:
+        """Move host data (indices, masks, RoPE rotations) to the device, keeping its dtype."""
         ...
 
     def to_host(self, array: Array) -> np.ndarray:
-        """Copy a device array back to a float32 numpy array."""
+        """Copy a device array back to a numpy array."""
         ...
 
     def zeros(self, shape: tuple[int, ...]) -> Array:
         """A zero-filled array in the compute dtype (lazily committed where the platform allows)."""
         ...
 
-    def linear(self, x: Array, weight: Array) -> Array:
-        """x [rows, in] times weight [out, in] transposed: [rows, out]."""
+    # -- ops on activations ---------------------------------------------------------------------
+    def embed(self, table: Weight, ids: np.ndarray) -> Array:
+        """Rows `ids` (host int64 [rows]) of the embedding table [vocab, hidden]: [rows, hidden]."""
         ...
 
-    def logits(self, x: Array, table: Array) -> Array:
+    def linear(self, x: Array, weight: Weight, bias: Weight | None = None) -> Array:
+        """x [rows, in] times weight [out, in] transposed, plus `bias` [out] when given: [rows, out]."""
+        ...
+
+    def logits(self, x: Array, table: Weight) -> Array:
         """The vocabulary projection x [rows, hidden] @ table.T ([vocab, hidden]): [rows, vocab]."""
         ...
 
-    def rms_norm(self, x: Array, weight: Array | None, eps: float) -> Array:
+    def rms_norm(self, x: Array, weight: Weight | None, eps: float) -> Array:
         """Root-mean-square normalisation over the last axis, scaled by `weight` when given."""
         ...
 
@@ -55,11 +108,15 @@ class Backend(Protocol):
         """SwiGLU: silu(gate) * up for gate_up = [gate | up] along the last axis, each `width` wide."""
         ...
 
-    def exp_rows(self, scores: Array) -> tuple[Array, Array]:
-        """Unnormalised softmax over the last axis: (weights, sums [..., 1]) with weights the exp of
-        each row shifted by a constant of that row, so softmax = weights / sums; may reuse `scores`."""
+    # -- the KV cache ---------------------------------------------------------------------------
+    def write_kv(
+        self, cache: KVCache, layer: int, slots: np.ndarray, positions: np.ndarray, k: Array, v: Array
+    ) -> None:
+        """Store row i's keys/values k, v [rows, kv_heads, head_dim] of `layer` at (slots[i],
+        positions[i]) (host int64 arrays)."""
         ...
 
-    def softmax_(self, scores: Array) -> Array:
-        """Softmax over the last axis, in place where possible; -inf entries get probability 0."""
+    def attention(self, q: Array, cache: KVCache, layer: int, plan: AttentionPlan) -> Array:
+        """Causal grouped-query attention of q [rows, heads, head_dim] against each row's own
+        sequence in `cache` (positions <= its own, as `plan` says): [rows, heads, head_dim]."""
         ...

@@ -1,5 +1,5 @@
-"""The one error type the loaders raise."""
+"""The one error type the loaders raise (defined with the model interfaces, which raise it too)."""
 
+from infer.engine.models.base import ModelLoadError
 
-class ModelLoadError(Exception):
-    """A model file or folder cannot be loaded; the message names the file or field and the problem."""
+__all__ = ["ModelLoadError"]

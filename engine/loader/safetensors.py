@@ -1,24 +1,21 @@
-"""Hugging Face model folders: config.json, tokenizer files and one or several *.safetensors."""
+"""Hugging Face model folders: config.json, tokenizer files and one or several *.safetensors.
+
+The loader reads files only; the family registered for config.json's `architectures`
+(infer.engine.models) builds the config and checks the tensors."""
 
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors import safe_open
 
-from infer.engine.loader.checkpoint import Checkpoint, ModelConfig, check_weights
 from infer.engine.loader.errors import ModelLoadError
-
-_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
+from infer.engine.models import family_for_hf
+from infer.engine.models.base import Checkpoint
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -31,39 +28,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
-
-
-def _config_from_json(raw: dict[str, Any], path: Path) -> ModelConfig:
-    names = raw.get("architectures") or []
-    arch = next((_ARCHITECTURES[n] for n in names if n in _ARCHITECTURES), None)
-    if arch is None:
-        raise ModelLoadError(
-            f"{path}: unsupported architectures {names} (supported: {', '.join(_ARCHITECTURES)})"
-        )
-    try:
-        hidden = int(raw["hidden_size"])
-        heads = int(raw["num_attention_heads"])
-        return ModelConfig(
-            architecture=arch,
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(raw["intermediate_size"]),
-            num_hidden_layers=int(raw["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
-            rope_layout="half",
-            rope_scaling=dict(raw.get("rope_scaling") or {}),
-        )
-    except KeyError as exc:
-        raise ModelLoadError(f"{path}: missing field {exc.args[0]}") from None
-    except (TypeError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: bad value ({exc})") from None
 
 
 def _bf16_tensors(path: Path) -> dict[str, np.ndarray]:
@@ -103,7 +67,9 @@ def load_safetensors_dir(folder: Path) -> Checkpoint:
 
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a folder")
-    config = _config_from_json(_read_json(folder / "config.json"), folder / "config.json")
+    config_path = folder / "config.json"
+    raw_config = _read_json(config_path)
+    family, architecture = family_for_hf(raw_config, str(config_path))
     index = folder / "model.safetensors.index.json"
     if index.exists():
         shard_names = sorted(set(_read_json(index).get("weight_map", {}).values()))
@@ -117,11 +83,8 @@ def load_safetensors_dir(folder: Path) -> Checkpoint:
         if not shard.exists():
             raise ModelLoadError(f"{shard}: listed in the index but missing")
         weights.update(_read_shard(shard))
-    if config.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)
-    elif "lm_head.weight" not in weights:
-        config = replace(config, tie_word_embeddings=True)
-    check_weights(config, weights, str(folder))
+    config = family.config_from_hf(raw_config, architecture, weights, str(config_path))
+    family.check_weights(config, weights, str(folder))
     tokenizer_config_path = folder / "tokenizer_config.json"
     tokenizer_config = _read_json(tokenizer_config_path) if tokenizer_config_path.exists() else None
     try:

@@ -1,15 +1,198 @@
-"""The llama family (Llama 2/3, SmolLM2, Mistral, Qwen2) written once against the Backend protocol."""
+"""The llama family (Llama 2/3, SmolLM2, Mistral, Qwen2): its config mapping, tensor names and shapes,
+and the model, written once against the Backend protocol.
+
+The family's checkpoint quirks live here and nowhere else: llama.cpp's converter permutes llama and
+mistral q/k into interleaved RoPE pairs (qwen2 keeps Hugging Face's half-split layout), and Qwen2's
+q/k/v projections carry a bias.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from infer.engine.backends.base import Array, Backend
-from infer.engine.batch import ForwardBatch, Segment
-from infer.engine.loader.checkpoint import Checkpoint, ModelConfig
-from infer.engine.runtime.kv_cache import KVCache
+from infer.engine.backends.attention import AttentionPlan
+from infer.engine.backends.base import Array, Backend, Weight
+from infer.engine.backends.kv_cache import KVCache
+from infer.engine.batch import ForwardBatch
+from infer.engine.models.base import Checkpoint, ModelConfig, ModelLoadError, check_shapes
+
+ROPE_FREQS = "rope_freqs.weight"
+"""GGUF's per-frequency RoPE divisors (llama3 scaling); kept under this name, it has no HF twin."""
+
+# GGUF tensor names -> Hugging Face names (blk.N.* handled by the per-layer table).
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    ROPE_FREQS: ROPE_FREQS,
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+class LlamaFamily:
+    """The llama family's declaration for the model registry."""
+
+    architectures: tuple[str, ...] = ("llama", "mistral", "qwen2")
+    hf_architectures: Mapping[str, str] = {
+        "LlamaForCausalLM": "llama",
+        "MistralForCausalLM": "mistral",
+        "Qwen2ForCausalLM": "qwen2",
+    }
+
+    def gguf_tensor_name(self, name: str) -> str | None:
+        """Hugging Face name of a GGUF tensor (None for tensors the model does not use)."""
+        canonical = _GLOBAL_NAMES.get(name)
+        if canonical is None and (match := _LAYER_RE.match(name)):
+            suffix = _LAYER_NAMES.get(match.group(2))
+            canonical = f"model.layers.{match.group(1)}.{suffix}" if suffix else None
+        return canonical
+
+    def config_from_gguf(
+        self, meta: Mapping[str, Any], architecture: str, weights: Mapping[str, np.ndarray], source: str
+    ) -> ModelConfig:
+        """`<arch>.*` GGUF metadata as a ModelConfig (HF field names)."""
+
+        def number(key: str, kind: type, default: Any = None, positive: bool = True) -> Any:
+            full = f"{architecture}.{key}"
+            if full not in meta:
+                if default is None:
+                    raise ModelLoadError(f"{source}: missing metadata field {full}")
+                return default
+            try:
+                value = kind(meta[full])
+            except (TypeError, ValueError):
+                raise ModelLoadError(
+                    f"{source}: metadata field {full} must be a number, got {meta[full]!r}"
+                ) from None
+            if positive and value <= 0:
+                raise ModelLoadError(f"{source}: metadata field {full} must be positive, got {value}")
+            return value
+
+        hidden = number("embedding_length", int)
+        heads = number("attention.head_count", int)
+        vocab = meta.get(f"{architecture}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+        rope_scaling: dict[str, Any] = {}
+        if meta.get(f"{architecture}.rope.scaling.type") == "linear":
+            rope_scaling = {"rope_type": "linear", "factor": number("rope.scaling.factor", float)}
+        return ModelConfig(
+            architecture=architecture,
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=number("feed_forward_length", int),
+            num_hidden_layers=number("block_count", int),
+            num_attention_heads=heads,
+            num_key_value_heads=number("attention.head_count_kv", int, heads),
+            head_dim=number("attention.key_length", int, hidden // heads),
+            rms_norm_eps=number("attention.layer_norm_rms_epsilon", float),
+            rope_theta=number("rope.freq_base", float, 10000.0),
+            max_position_embeddings=number("context_length", int, 2048),
+            tie_word_embeddings="lm_head.weight" not in weights,
+            attention_bias="model.layers.0.self_attn.q_proj.bias" in weights,
+            # llama.cpp's converter permutes llama-family q/k into pairwise (interleaved) RoPE;
+            # qwen2 keeps neox.
+            rope_layout="half" if architecture == "qwen2" else "interleaved",
+            rope_scaling=rope_scaling,
+        )
+
+    def config_from_hf(
+        self, raw: Mapping[str, Any], architecture: str, weights: Mapping[str, np.ndarray], source: str
+    ) -> ModelConfig:
+        """config.json as a ModelConfig; a missing lm_head means tied embeddings."""
+        try:
+            hidden = int(raw["hidden_size"])
+            heads = int(raw["num_attention_heads"])
+            return ModelConfig(
+                architecture=architecture,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_hidden_layers=int(raw["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(raw.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(raw.get("rope_theta", 10000.0)),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False))
+                or "lm_head.weight" not in weights,
+                attention_bias=bool(raw.get("attention_bias", architecture == "qwen2")),
+                rope_layout="half",
+                rope_scaling=dict(raw.get("rope_scaling") or {}),
+            )
+        except KeyError as exc:
+            raise ModelLoadError(f"{source}: missing field {exc.args[0]}") from None
+        except (TypeError, ValueError) as exc:
+            raise ModelLoadError(f"{source}: bad value ({exc})") from None
+
+    def expected_shapes(self, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """The shape every required weight must have for `config`, keyed by HF name."""
+        hidden, inter, head = config.hidden_size, config.intermediate_size, config.head_dim
+        q_out = config.num_attention_heads * head
+        kv_out = config.num_key_value_heads * head
+        shapes: dict[str, tuple[int, ...]] = {
+            "model.embed_tokens.weight": (config.vocab_size, hidden),
+            "model.norm.weight": (hidden,),
+        }
+        if not config.tie_word_embeddings:
+            shapes["lm_head.weight"] = (config.vocab_size, hidden)
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            shapes |= {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (q_out, hidden),
+                p + "self_attn.k_proj.weight": (kv_out, hidden),
+                p + "self_attn.v_proj.weight": (kv_out, hidden),
+                p + "self_attn.o_proj.weight": (hidden, q_out),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            }
+            if config.attention_bias:
+                shapes |= {
+                    p + "self_attn.q_proj.bias": (q_out,),
+                    p + "self_attn.k_proj.bias": (kv_out,),
+                    p + "self_attn.v_proj.bias": (kv_out,),
+                }
+        return shapes
+
+    def check_weights(self, config: ModelConfig, weights: dict[str, np.ndarray], source: str) -> None:
+        """Shapes against the config; a tied head's stored lm_head is dropped."""
+        if config.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)
+        check_shapes(self.expected_shapes(config), weights, source)
+        factors = weights.get(ROPE_FREQS)
+        if factors is not None and factors.shape != (config.head_dim // 2,):
+            raise ModelLoadError(
+                f"{source}: tensor {ROPE_FREQS} has shape {factors.shape}, expected ({config.head_dim // 2},)"
+            )
+
+    def build(self, checkpoint: Checkpoint, backend: Backend) -> LlamaModel:
+        """A LlamaModel on `backend`."""
+        return LlamaModel(checkpoint, backend)
+
+
+LLAMA_FAMILY = LlamaFamily()
+"""The instance the registry holds."""
 
 
 def inverse_frequencies(config: ModelConfig, freq_factors: np.ndarray | None) -> np.ndarray:
@@ -52,11 +235,11 @@ def half_to_interleaved(weight: np.ndarray, heads: int) -> np.ndarray:
 class _Layer:
     # Output-major ([out, in], as Hugging Face stores them) for Backend.linear. The RMSNorm weights
     # that precede qkv and gate_up are folded into their columns: (x_hat * w) @ W.T == x_hat @ (W * w).T.
-    qkv: Array  # [q + 2 kv, hidden]
-    qkv_bias: Array | None
-    out: Array  # [hidden, q]
-    gate_up: Array  # [2 * intermediate, hidden]
-    down: Array  # [hidden, intermediate]
+    qkv: Weight  # [q + 2 kv, hidden]
+    qkv_bias: Weight | None
+    out: Weight  # [hidden, q]
+    gate_up: Weight  # [2 * intermediate, hidden]
+    down: Weight  # [hidden, intermediate]
 
 
 class LlamaModel:
@@ -84,25 +267,25 @@ class LlamaModel:
             if config.attention_bias:
                 qb = q_k_rows(p + "self_attn.q_proj.bias", heads) * score_scale
                 kb = q_k_rows(p + "self_attn.k_proj.bias", kv_heads)
-                bias = backend.upload(np.concatenate([qb, kb, weights.pop(p + "self_attn.v_proj.bias")]))
+                bias = backend.weight(np.concatenate([qb, kb, weights.pop(p + "self_attn.v_proj.bias")]))
             gate = weights.pop(p + "mlp.gate_proj.weight")
             up = weights.pop(p + "mlp.up_proj.weight")
             attn_norm = weights.pop(p + "input_layernorm.weight")
             mlp_norm = weights.pop(p + "post_attention_layernorm.weight")
             self.layers.append(
                 _Layer(
-                    qkv=backend.upload(np.concatenate([q, k, v]) * attn_norm),
+                    qkv=backend.weight(np.concatenate([q, k, v]) * attn_norm),
                     qkv_bias=bias,
-                    out=backend.upload(weights.pop(p + "self_attn.o_proj.weight")),
-                    gate_up=backend.upload(np.concatenate([gate, up]) * mlp_norm),
-                    down=backend.upload(weights.pop(p + "mlp.down_proj.weight")),
+                    out=backend.weight(weights.pop(p + "self_attn.o_proj.weight")),
+                    gate_up=backend.weight(np.concatenate([gate, up]) * mlp_norm),
+                    down=backend.weight(weights.pop(p + "mlp.down_proj.weight")),
                 )
             )
-        self.embed = backend.upload(weights["model.embed_tokens.weight"])
+        self.embed = backend.weight(weights["model.embed_tokens.weight"])
         # [vocab, hidden], shared with the embedding when tied; Backend.logits reads it transposed.
-        self.lm_head = self.embed if config.tie_word_embeddings else backend.upload(weights["lm_head.weight"])
-        self.final_norm = backend.upload(weights["model.norm.weight"])
-        self._inv_freq = inverse_frequencies(config, checkpoint.rope_freq_factors)
+        self.lm_head = self.embed if config.tie_word_embeddings else backend.weight(weights["lm_head.weight"])
+        self.final_norm = backend.weight(weights["model.norm.weight"])
+        self._inv_freq = inverse_frequencies(config, weights.get(ROPE_FREQS))
         self._rotations = np.zeros((0, config.head_dim // 2), dtype=np.complex64)
 
     @property
@@ -118,157 +301,45 @@ class LlamaModel:
         )
 
     def _rope_rotations(self, positions: np.ndarray) -> Array:
-        """cos + i sin of every (position, frequency), complex64 [rows, head_dim / 2]."""
+        """cos + i sin of every (position, frequency), complex64 [rows, head_dim / 2], on the device."""
         needed = int(positions.max()) + 1
         if needed > self._rotations.shape[0]:
             size = max(needed, 2 * self._rotations.shape[0], 256)
             angles = np.outer(np.arange(size, dtype=np.float64), self._inv_freq)
             self._rotations = np.exp(1j * angles).astype(np.complex64)
-        return self.backend.xp.asarray(self._rotations[positions])
+        return self.backend.asarray(self._rotations[positions])
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
         """Run every row of `batch`, write its keys/values into `cache`, return logits [logit_rows, vocab].
 
-        The caller updates `cache.lengths` afterwards; reads here use each segment's `start`.
-        """
+        Positions come from each segment's `start` (the step loop's sequence position)."""
         backend, c = self.backend, self.config
-        xp = backend.xp
         rows = batch.token_ids.shape[0]
+        # Host-side plan: each row's position and slot, and how attention splits the rows.
+        starts = np.asarray([s.start for s in batch.segments], dtype=np.int64)
+        lengths = np.asarray([s.length for s in batch.segments], dtype=np.int64)
+        slots = np.asarray([s.slot for s in batch.segments], dtype=np.int64)
         positions = np.concatenate([np.arange(s.start, s.start + s.length) for s in batch.segments])
-        slots_per_row = np.repeat([s.slot for s in batch.segments], [s.length for s in batch.segments])
+        slots_per_row = np.repeat(slots, lengths)
+        plan = AttentionPlan.build(slots, starts, lengths)
         rotations = self._rope_rotations(positions)
         heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
-        plan = _AttentionPlan.build(batch.segments)
 
-        # The residual stream is kept column-major, the layout Backend.linear returns on the cpu
-        # backend: the two residual adds per layer then run over contiguous memory.
-        hidden = xp.asfortranarray(self.embed[xp.asarray(batch.token_ids)])
+        hidden = backend.embed(self.embed, batch.token_ids)
         for index, layer in enumerate(self.layers):
-            qkv = backend.linear(backend.rms_norm(hidden, None, c.rms_norm_eps), layer.qkv)
-            if layer.qkv_bias is not None:
-                qkv += layer.qkv_bias
+            qkv = backend.linear(backend.rms_norm(hidden, None, c.rms_norm_eps), layer.qkv, layer.qkv_bias)
             # q and k sit side by side in qkv: one rotation covers both.
             qk = backend.rope(
                 qkv[:, : q_width + kv_width].reshape(rows, heads + kv_heads, head_dim), rotations
             )
             q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, q_width + kv_width :].reshape(rows, kv_heads, head_dim)
-            layer_keys, layer_values = cache.keys[index], cache.values[index]
-            layer_keys[slots_per_row, :, positions, :] = k
-            layer_values[slots_per_row, :, positions, :] = v
-            attn = self._attention(q, layer_keys, layer_values, plan)
+            backend.write_kv(cache, index, slots_per_row, positions, k, v)
+            attn = backend.attention(q, cache, index, plan)
             hidden += backend.linear(attn.reshape(rows, q_width), layer.out)
             gate_up = backend.linear(backend.rms_norm(hidden, None, c.rms_norm_eps), layer.gate_up)
             hidden += backend.linear(backend.silu_mul(gate_up, c.intermediate_size), layer.down)
 
-        last = backend.rms_norm(hidden[xp.asarray(batch.logit_rows)], self.final_norm, c.rms_norm_eps)
+        last = backend.rms_norm(hidden[backend.asarray(batch.logit_rows)], self.final_norm, c.rms_norm_eps)
         return backend.to_host(backend.logits(last, self.lm_head))
-
-    def _attention(self, q: Array, keys: Array, values: Array, plan: _AttentionPlan) -> Array:
-        """Grouped-query attention of every row against its own sequence's cached keys/values."""
-        xp = self.backend.xp
-        c = self.config
-        heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        group = heads // kv_heads
-        rows = q.shape[0]
-        if plan.aligned and plan.decode_rows.size == rows:
-            return self._decode_attention(q, keys, values, plan).reshape(rows, heads, head_dim)
-        out = xp.empty_like(q)
-        if plan.decode_rows.size:
-            dense_out = self._decode_attention(q, keys, values, plan)
-            if plan.aligned:
-                out[: plan.decode_rows.size] = dense_out.reshape(-1, heads, head_dim)
-            else:
-                picked = dense_out[plan.decode_slots - plan.slot_lo]
-                out[plan.decode_rows] = picked.reshape(-1, heads, head_dim)
-        for row, seg in plan.prefill:
-            total = seg.start + seg.length
-            seg_q = (
-                q[row : row + seg.length].reshape(seg.length, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
-            )
-            scores = seg_q @ keys[seg.slot, :, :total].transpose(0, 2, 1)[:, None]
-            scores += _causal_mask(seg.start, seg.length)
-            self.backend.softmax_(scores)
-            seg_out = scores @ values[seg.slot, :, :total][:, None]
-            out[row : row + seg.length] = seg_out.transpose(2, 0, 1, 3).reshape(seg.length, heads, head_dim)
-        return out
-
-    def _decode_attention(self, q: Array, keys: Array, values: Array, plan: _AttentionPlan) -> Array:
-        """Single-token rows of many sequences: one batched matmul over the dense run of slots
-        [lo, hi); returns [hi - lo, kv_heads, group, head_dim] (slot-major)."""
-        xp = self.backend.xp
-        c = self.config
-        kv_heads, head_dim = c.num_key_value_heads, c.head_dim
-        group = c.num_attention_heads // kv_heads
-        lo, hi, width = plan.slot_lo, plan.slot_hi, plan.decode_width
-        count = plan.decode_rows.size
-        if plan.aligned:  # rows 0..n-1 hold slots lo..lo+n-1 in order: no gather, no scatter
-            dense_q = q[:count].reshape(count, kv_heads, group, head_dim)
-        else:
-            dense_q = xp.zeros((hi - lo, kv_heads, group, head_dim), dtype=q.dtype)
-            dense_q[plan.decode_slots - lo] = q[plan.decode_rows].reshape(-1, kv_heads, group, head_dim)
-        scores = dense_q @ keys[lo:hi, :, :width].transpose(0, 1, 3, 2)
-        if plan.decode_mask is not None:
-            scores += plan.decode_mask
-        # Normalising the [.., group, head_dim] output instead of the scores saves a pass over them.
-        weights, sums = self.backend.exp_rows(scores)
-        out = weights @ values[lo:hi, :, :width]
-        out /= sums
-        return out
-
-
-def _causal_mask(start: int, length: int) -> np.ndarray:
-    """Additive mask [length, start + length]: row t sees positions <= start + t."""
-    cols = np.arange(start + length)
-    rows = np.arange(start, start + length)[:, None]
-    return np.where(cols <= rows, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
-
-
-@dataclass(frozen=True)
-class _AttentionPlan:
-    """How one batch's rows split into batched single-token rows and per-sequence prefill runs."""
-
-    decode_rows: np.ndarray
-    decode_slots: np.ndarray
-    slot_lo: int
-    slot_hi: int
-    decode_width: int
-    decode_mask: np.ndarray | None  # [slots, 1, 1, width] additive; None when every row sees all `width`
-    prefill: tuple[tuple[int, Segment], ...]
-    aligned: bool = False
-    """Decode rows are the batch's first rows and hold consecutive slots in order."""
-
-    @classmethod
-    def build(cls, segments: tuple[Segment, ...]) -> _AttentionPlan:
-        decode_rows, decode_slots, decode_lengths, prefill = [], [], [], []
-        row = 0
-        for seg in segments:
-            if seg.length == 1:
-                decode_rows.append(row)
-                decode_slots.append(seg.slot)
-                decode_lengths.append(seg.start + 1)
-            else:
-                prefill.append((row, seg))
-            row += seg.length
-        if not decode_rows:
-            empty = np.zeros(0, dtype=np.int64)
-            return cls(empty, empty, 0, 0, 0, np.zeros((0, 1, 1, 0), np.float32), tuple(prefill))
-        slots = np.asarray(decode_slots, dtype=np.int64)
-        lo, hi = int(slots.min()), int(slots.max()) + 1
-        width = max(decode_lengths)
-        # Slots in [lo, hi) that hold no decode row keep a fully open mask over zeros; their
-        # output is discarded, so only valid positions of real rows matter.
-        lengths = np.full(hi - lo, width, dtype=np.int64)
-        lengths[slots - lo] = decode_lengths
-        mask = None
-        if (lengths < width).any():
-            visible = np.arange(width)[None, :] < lengths[:, None]
-            mask = np.where(visible, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
-            mask = mask[:, None, None, :]
-        rows = np.asarray(decode_rows, dtype=np.int64)
-        count = rows.size
-        aligned = bool(
-            hi - lo == count and np.array_equal(rows, np.arange(count)) and np.array_equal(slots - lo, rows)
-        )
-        return cls(rows, slots, lo, hi, width, mask, tuple(prefill), aligned)

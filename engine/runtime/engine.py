@@ -388,12 +388,18 @@ class Engine:
             self._thread = None
 
 
-def load_engine(model_path: Path | str, config: EngineConfig, backend_name: str = "cpu") -> Engine:
-    """Load a checkpoint onto a backend and wrap it in an Engine."""
+def load_engine(
+    model_path: Path | str, config: EngineConfig, backend_name: str = "cpu", dtype: str = "float32"
+) -> Engine:
+    """Load a checkpoint, build its family's model (through the model registry) on backend
+    `backend_name` computing in `dtype`, and wrap it in an Engine."""
     from infer.engine.backends import create_backend
     from infer.engine.loader import load_checkpoint
+    from infer.engine.models import build_model
 
     started = time.perf_counter()
+    backend = create_backend(backend_name, dtype)  # a dtype the backend lacks fails before loading
     checkpoint = load_checkpoint(model_path)
-    model = LlamaModel(checkpoint, create_backend(backend_name))
-    return Engine(model, checkpoint.tokenizer, config, load_seconds=time.perf_counter() - started)
+    model = build_model(checkpoint, backend)
+    load_seconds = time.perf_counter() - started
+    return Engine(model, checkpoint.tokenizer, config, load_seconds=load_seconds)  # type: ignore[arg-type]

@@ -1,72 +1,7 @@
-"""The key/value cache: one slot per running sequence, preallocated, with truncate() for rollback."""
+"""The KV cache the step loop hands out slots of; it lives with the backends, which own its storage."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from infer.engine.backends.kv_cache import KVCache
 
-import numpy as np
-
-from infer.engine.backends.base import Array, Backend
-
-
-@dataclass
-class KVCache:
-    """Keys and values for every layer and slot: arrays [layers, slots, kv_heads, capacity, head_dim].
-
-    The arrays are allocated once. On the CPU backend np.zeros maps zero pages lazily, so a slot only
-    costs memory for the pages it has written; numpy asks for transparent huge pages on arrays this
-    large, so where THP is on those pages are 2 MB and a few positions of every slot commit most of
-    the cache. `lengths[slot]` is how many positions are valid.
-    """
-
-    keys: Array
-    values: Array
-    capacity: int
-    """Positions per slot (the context size)."""
-    lengths: np.ndarray = field(init=False)
-    _free: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        n_slots = self.keys.shape[1]
-        self.lengths = np.zeros(n_slots, dtype=np.int64)
-        self._free = list(range(n_slots - 1, -1, -1))
-
-    @classmethod
-    def allocate(
-        cls, backend: Backend, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int
-    ) -> KVCache:
-        """A cache with `slots` sequences of up to `capacity` positions each."""
-        shape = (layers, slots, kv_heads, capacity, head_dim)
-        return cls(backend.zeros(shape), backend.zeros(shape), capacity)
-
-    @property
-    def num_slots(self) -> int:
-        """How many sequences the cache can hold at once."""
-        return int(self.keys.shape[1])
-
-    @property
-    def free_slots(self) -> int:
-        """Slots not held by any sequence."""
-        return len(self._free)
-
-    def acquire(self) -> int | None:
-        """Take the lowest free slot (None when all are held); lowest-first keeps batches dense."""
-        if not self._free:
-            return None
-        slot = self._free.pop()
-        self.lengths[slot] = 0
-        return slot
-
-    def release(self, slot: int) -> None:
-        """Give a slot back at once (finished, cancelled or failed sequence)."""
-        if slot in self._free:
-            return
-        self.lengths[slot] = 0
-        self._free.append(slot)
-        self._free.sort(reverse=True)
-
-    def truncate(self, slot: int, length: int) -> None:
-        """Forget positions >= length (speculative decoding rolls back rejected drafts this way)."""
-        if not 0 <= length <= self.lengths[slot]:
-            raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
-        self.lengths[slot] = length
+__all__ = ["KVCache"]

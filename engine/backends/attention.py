@@ -1,0 +1,87 @@
+"""How one batch's rows split into batched single-token rows and per-sequence prefill runs.
+
+Built on the host from plain arrays (no engine types), once per forward, and handed to
+`Backend.attention` for every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PrefillRun:
+    """Several consecutive rows of one sequence."""
+
+    row: int
+    """First batch row of the run."""
+    slot: int
+    """KV-cache slot of the sequence."""
+    start: int
+    """Position of the first row (= positions already in the cache)."""
+    length: int
+    """Number of rows."""
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Decode rows (one token of a sequence) attend in one batched matmul over the dense run of slots
+    [slot_lo, slot_hi); prefill runs attend one by one."""
+
+    decode_rows: np.ndarray
+    decode_slots: np.ndarray
+    slot_lo: int
+    slot_hi: int
+    decode_width: int
+    decode_mask: np.ndarray | None
+    """[slots, 1, 1, width] additive host mask; None when every row sees all `decode_width` positions."""
+    prefill: tuple[PrefillRun, ...]
+    aligned: bool = False
+    """Decode rows are the batch's first rows and hold consecutive slots in order."""
+
+    @classmethod
+    def build(cls, slots: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> AttentionPlan:
+        """The plan for a batch whose sequences (in row order) hold `slots`, start at `starts` and
+        bring `lengths` rows each."""
+        decode_rows, decode_slots, decode_lengths, prefill = [], [], [], []
+        row = 0
+        for slot, start, length in zip(slots.tolist(), starts.tolist(), lengths.tolist(), strict=True):
+            if length == 1:
+                decode_rows.append(row)
+                decode_slots.append(slot)
+                decode_lengths.append(start + 1)
+            else:
+                prefill.append(PrefillRun(row, slot, start, length))
+            row += length
+        if not decode_rows:
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(empty, empty, 0, 0, 0, np.zeros((0, 1, 1, 0), np.float32), tuple(prefill))
+        slot_array = np.asarray(decode_slots, dtype=np.int64)
+        lo, hi = int(slot_array.min()), int(slot_array.max()) + 1
+        width = max(decode_lengths)
+        # Slots in [lo, hi) that hold no decode row keep a fully open mask over zeros; their
+        # output is discarded, so only valid positions of real rows matter.
+        visible_lengths = np.full(hi - lo, width, dtype=np.int64)
+        visible_lengths[slot_array - lo] = decode_lengths
+        mask = None
+        if (visible_lengths < width).any():
+            visible = np.arange(width)[None, :] < visible_lengths[:, None]
+            mask = np.where(visible, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+            mask = mask[:, None, None, :]
+        rows = np.asarray(decode_rows, dtype=np.int64)
+        count = rows.size
+        aligned = bool(
+            hi - lo == count
+            and np.array_equal(rows, np.arange(count))
+            and np.array_equal(slot_array - lo, rows)
+        )
+        return cls(rows, slot_array, lo, hi, width, mask, tuple(prefill), aligned)
+
+
+def causal_mask(start: int, length: int) -> np.ndarray:
+    """Additive host mask [length, start + length]: row t sees positions <= start + t."""
+    cols = np.arange(start + length)
+    rows = np.arange(start, start + length)[:, None]
+    return np.where(cols <= rows, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)

@@ -1,0 +1,62 @@
+"""The key/value cache: one slot per running sequence, preallocated by the backend.
+
+It holds storage and slot ownership only: how many positions of a slot are valid is the step
+loop's sequence position (the one position counter), which reaches the model through the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infer.engine.backends.base import Array, Backend
+
+
+@dataclass
+class KVCache:
+    """Keys and values for every layer and slot: arrays [layers, slots, kv_heads, capacity, head_dim].
+
+    The arrays are allocated once, by the backend. On the CPU backend np.zeros maps zero pages lazily,
+    so a slot only costs memory for the pages it has written; numpy asks for transparent huge pages
+    on arrays this large, so where THP is on those pages are 2 MB and a few positions of every slot
+    commit most of the cache. Only the backend reads or writes them (`write_kv`, `attention`).
+    """
+
+    keys: Array
+    values: Array
+    capacity: int
+    """Positions per slot (the context size)."""
+    _free: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._free = list(range(self.num_slots - 1, -1, -1))
+
+    @classmethod
+    def allocate(
+        cls, backend: Backend, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int
+    ) -> KVCache:
+        """A cache with `slots` sequences of up to `capacity` positions each."""
+        shape = (layers, slots, kv_heads, capacity, head_dim)
+        return cls(backend.zeros(shape), backend.zeros(shape), capacity)
+
+    @property
+    def num_slots(self) -> int:
+        """How many sequences the cache can hold at once."""
+        return int(self.keys.shape[1])
+
+    @property
+    def free_slots(self) -> int:
+        """Slots not held by any sequence."""
+        return len(self._free)
+
+    def acquire(self) -> int | None:
+        """Take the lowest free slot (None when all are held); lowest-first keeps batches dense."""
+        if not self._free:
+            return None
+        return self._free.pop()
+
+    def release(self, slot: int) -> None:
+        """Give a slot back at once (finished, cancelled or failed sequence)."""
+        if slot in self._free:
+            return
+        self._free.append(slot)
+        self._free.sort(reverse=True)

@@ -1,0 +1,147 @@
+"""What every model family shares: the config, the checkpoint a loader hands over, the family and
+model interfaces, and the load error."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from infer.engine.backends.base import Backend
+    from infer.engine.backends.kv_cache import KVCache
+    from infer.engine.batch import ForwardBatch
+    from infer.engine.text.tokenizer import Tokenizer
+
+
+class ModelLoadError(Exception):
+    """A model file or folder cannot be loaded; the message names the file or field and the problem."""
+
+
+RopeLayout = Literal["interleaved", "half"]
+"""How RoPE pairs the dimensions of a head.
+
+`interleaved`: (0,1), (2,3), ... -- llama.cpp's "normal" mode; GGUF llama-family q/k weights are
+permuted into it by the converter. `half`: (i, i + d/2) -- Hugging Face's rotate_half ("neox")."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters, with Hugging Face field names."""
+
+    architecture: str
+    """Family name: llama, mistral, qwen2 (smollm2 is llama)."""
+    vocab_size: int
+    """Rows of the embedding table."""
+    hidden_size: int
+    """Width of the residual stream."""
+    intermediate_size: int
+    """Width of the SwiGLU feed-forward layer."""
+    num_hidden_layers: int
+    """Number of transformer blocks."""
+    num_attention_heads: int
+    """Query heads per layer."""
+    num_key_value_heads: int
+    """Key/value heads per layer (grouped-query attention when fewer than query heads)."""
+    head_dim: int
+    """Width of one attention head."""
+    rms_norm_eps: float
+    """Epsilon inside RMSNorm."""
+    rope_theta: float
+    """RoPE base frequency."""
+    max_position_embeddings: int
+    """Context length the model was trained for."""
+    tie_word_embeddings: bool
+    """The output projection reuses the embedding table."""
+    attention_bias: bool = False
+    """q/k/v projections carry a bias (Qwen2)."""
+    rope_layout: RopeLayout = "half"
+    """Pairing of RoPE dimensions in the stored q/k weights."""
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    """Hugging Face rope_scaling (llama3, linear), empty when none."""
+
+
+@dataclass
+class Checkpoint:
+    """What a loader hands the model: config, named float32 weights (the family's canonical names, Hugging
+    Face's for the llama family, [out, in]) and tokenizer."""
+
+    config: ModelConfig
+    weights: dict[str, np.ndarray]
+    tokenizer: Tokenizer
+    source: str
+    """The file or folder it came from (for messages and fingerprints)."""
+
+
+class Model(Protocol):
+    """A model built on a backend: what the step loop calls."""
+
+    config: ModelConfig
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output projection (logits per row)."""
+        ...
+
+    def make_cache(self, slots: int, capacity: int) -> KVCache:
+        """A KV cache (created by the backend) for `slots` sequences of up to `capacity` tokens."""
+        ...
+
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
+        """Run every row of `batch` (positions from its segments), write its keys/values into `cache`,
+        return host float32 logits [len(batch.logit_rows), vocab]."""
+        ...
+
+
+class ModelFamily(Protocol):
+    """One family of architectures: how its checkpoints map onto a ModelConfig and canonical tensor
+    names, the shapes those tensors must have, and the model class that runs them.
+
+    Loaders read metadata and tensors and hand them over; nothing about a family lives in a loader.
+    """
+
+    architectures: tuple[str, ...]
+    """Architecture names (GGUF `general.architecture`, ModelConfig.architecture) this family runs."""
+    hf_architectures: Mapping[str, str]
+    """config.json `architectures` class names -> architecture name."""
+
+    def gguf_tensor_name(self, name: str) -> str | None:
+        """The canonical name of GGUF tensor `name`, or None for a tensor the family does not use."""
+        ...
+
+    def config_from_gguf(
+        self, meta: Mapping[str, Any], architecture: str, weights: Mapping[str, np.ndarray], source: str
+    ) -> ModelConfig:
+        """The config from GGUF metadata (and which canonical tensors exist); ModelLoadError naming
+        `source` and the field on a missing or bad value."""
+        ...
+
+    def config_from_hf(
+        self, raw: Mapping[str, Any], architecture: str, weights: Mapping[str, np.ndarray], source: str
+    ) -> ModelConfig:
+        """The config from a Hugging Face config.json (and which tensors exist)."""
+        ...
+
+    def check_weights(self, config: ModelConfig, weights: dict[str, np.ndarray], source: str) -> None:
+        """ModelLoadError naming the first missing tensor or shape that disagrees with `config`; may
+        drop tensors the config makes redundant (a tied output head)."""
+        ...
+
+    def build(self, checkpoint: Checkpoint, backend: Backend) -> Model:
+        """The model for `checkpoint` on `backend` (takes the checkpoint's weights)."""
+        ...
+
+
+def check_shapes(
+    expected: Mapping[str, tuple[int, ...]], weights: Mapping[str, np.ndarray], source: str
+) -> None:
+    """ModelLoadError for the first name of `expected` missing from `weights` or of another shape."""
+    for name, shape in expected.items():
+        if name not in weights:
+            raise ModelLoadError(f"{source}: missing tensor {name}")
+        if tuple(weights[name].shape) != shape:
+            raise ModelLoadError(
+                f"{source}: tensor {name} has shape {tuple(weights[name].shape)}, the config implies {shape}"
+            )
