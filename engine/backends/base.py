@@ -9,16 +9,17 @@ indices, masks) is passed in as numpy and the backend moves it with `asarray`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
+
+from infer.engine.backends.arrays import Array
 
 if TYPE_CHECKING:
     from infer.engine.backends.attention import AttentionPlan
     from infer.engine.backends.kv_cache import KVCache
 
-Array = Any
-"""A backend array (numpy.ndarray on cpu, cupy.ndarray on cuda, mlx.core.array on metal)."""
+__all__ = ["Array", "Backend", "Capabilities", "SamplingEnvelope", "Weight"]
 
 
 @dataclass(frozen=True)

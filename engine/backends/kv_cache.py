@@ -7,8 +7,17 @@ loop's sequence position (the one position counter), which reaches the model thr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from infer.engine.backends.base import Array, Backend
+from infer.engine.backends.arrays import Array
+
+
+class _Allocator(Protocol):
+    """The one Backend method the cache needs (named here so the protocol module need not be imported)."""
+
+    def zeros(self, shape: tuple[int, ...]) -> Array:
+        """A zero-filled array in the compute dtype."""
+        ...
 
 
 @dataclass
@@ -32,7 +41,7 @@ class KVCache:
 
     @classmethod
     def allocate(
-        cls, backend: Backend, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int
+        cls, backend: _Allocator, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int
     ) -> KVCache:
         """A cache with `slots` sequences of up to `capacity` positions each."""
         shape = (layers, slots, kv_heads, capacity, head_dim)
