@@ -86,17 +86,18 @@ def show_profile(
             "requested": choice.requested,
             "selected": choice.selected,
             "reason": choice.reason,
+            "dtype": choice.dtype,
         }
         typer.echo(json.dumps(document, indent=2))
         return
     Console().print(_settings_table(settings))
-    notice = fallback_notice(choice)
-    if notice is None:
-        backend_line = f"backend: {choice.selected}"
+    if fallback_notice(choice) is None:
+        backend_line = f"backend: {choice.selected} ({choice.dtype})"
     else:
+        dtype = f" in {choice.dtype} (not {choice.requested_dtype})" if choice.requested_dtype else ""
         backend_line = (
             f"backend: {choice.requested} requested, unavailable ({choice.reason}); "
-            f"{choice.selected} would be used"
+            f"{choice.selected} would be used{dtype}"
         )
     Console().print(Text(backend_line))
 

@@ -8,7 +8,7 @@ module reads the settings' `backend`, `strict_backend` and who asked, and turns 
 from __future__ import annotations
 
 from infer.engine.backends.errors import BackendError
-from infer.engine.backends.probe import BackendChoice, fallback_notice, probe_backend
+from infer.engine.backends.probe import BackendChoice, fallback_notice, probe_backend, with_dtype
 from infer.engine.backends.probe import select_backend as _probe_and_select
 from infer.profiles.settings import Settings, SettingsError
 
@@ -25,7 +25,9 @@ def select_backend(requested: str, *, strict: bool, requested_by: str | None = N
 
 
 def choose_backend(settings: Settings) -> BackendChoice:
-    """`select_backend` for resolved settings: their `backend`, `strict_backend`, and who asked."""
+    """`select_backend` for resolved settings (their `backend`, `strict_backend`, and who asked), with
+    the compute `dtype` settled: a backend that runs as asked must support the dtype asked for (else
+    `SettingsError` naming where the dtype came from); a fallback runs in its own dtype and says so."""
     source = settings.source("backend")
     if source.kind == "profile":
         requested_by = f"profile {settings.profile_name} ({source.detail})"
@@ -33,4 +35,8 @@ def choose_backend(settings: Settings) -> BackendChoice:
         requested_by = "default"
     else:
         requested_by = str(source)
-    return select_backend(settings.backend, strict=settings.strict_backend, requested_by=requested_by)
+    choice = select_backend(settings.backend, strict=settings.strict_backend, requested_by=requested_by)
+    try:
+        return with_dtype(choice, settings.dtype)
+    except BackendError as exc:
+        raise SettingsError(f"{settings.source('dtype')}: dtype {settings.dtype!r}: {exc}") from None

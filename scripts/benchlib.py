@@ -10,9 +10,9 @@ from collections.abc import Callable
 import numpy as np
 
 from infer.cli.model_store import ensure_default_model
+from infer.engine.backends.kv_cache import KVCache
 from infer.engine.models.llama import LlamaModel
 from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
-from infer.engine.runtime.kv_cache import KVCache
 
 
 def load_default(config: EngineConfig) -> Engine:

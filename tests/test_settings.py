@@ -323,6 +323,18 @@ def test_probe_reports_failing_tiny_op(monkeypatch) -> None:
     assert probe_backend("cuda") == "no CUDA device"
 
 
+def test_dtype_is_honoured_or_refused_never_ignored() -> None:
+    choice = choose_backend(resolve_settings({}, env={}))
+    assert (choice.selected, choice.dtype, choice.requested_dtype) == ("cpu", "float32", None)
+    # Asked of a backend that runs as asked, an unsupported dtype is an error naming its source.
+    with pytest.raises(
+        SettingsError, match=r"^flag --dtype: dtype 'float16': backend 'cpu' computes in float32"
+    ):
+        choose_backend(resolve_settings({"dtype": "float16"}, env={}))
+    with pytest.raises(SettingsError, match=r"^env INFER_DTYPE: dtype 'bfloat16'"):
+        choose_backend(resolve_settings({}, env={"INFER_DTYPE": "bfloat16"}))
+
+
 def test_choose_backend_from_settings(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "cupy", None)
     settings = resolve_settings({"profile": "cuda"}, env={})
@@ -331,7 +343,9 @@ def test_choose_backend_from_settings(monkeypatch) -> None:
     notice = fallback_notice(choice)
     assert notice is not None
     assert notice.startswith("infer: backend 'cuda' requested by profile cuda (profiles/cuda.yaml:")
-    assert notice.endswith("; using cpu")
+    # The cuda profile asks for bfloat16; the cpu fallback computes in float32 and the notice says so.
+    assert notice.endswith("; using cpu in float32 (not bfloat16)")
+    assert (choice.dtype, choice.requested_dtype) == ("float32", "bfloat16")
     strict = resolve_settings({"profile": "cuda", "strict_backend": True}, env={})
     with pytest.raises(SettingsError, match="strict-backend"):
         choose_backend(strict)

@@ -7,7 +7,7 @@ error). The caller prints `fallback_notice` once on stderr. Each backend class o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from infer.engine.backends import BACKEND_CLASSES, BACKEND_NAMES
 from infer.engine.backends.errors import BackendError
@@ -29,6 +29,10 @@ class BackendChoice:
     selected: str
     reason: str | None
     requested_by: str | None = None
+    dtype: str = "float32"
+    """The compute dtype the selected backend runs in."""
+    requested_dtype: str | None = None
+    """The dtype asked for, when a fallback backend cannot compute in it (None otherwise)."""
 
 
 def probe_backend(name: str) -> str | None:
@@ -77,6 +81,20 @@ def fallback_notice(choice: BackendChoice) -> str | None:
     if choice.selected == choice.requested:
         return None
     by = f" requested by {choice.requested_by}" if choice.requested_by else ""
+    dtype = f" in {choice.dtype} (not {choice.requested_dtype})" if choice.requested_dtype else ""
     return (
-        f"infer: backend {choice.requested!r}{by} is unavailable ({choice.reason}); using {choice.selected}"
+        f"infer: backend {choice.requested!r}{by} is unavailable ({choice.reason}); "
+        f"using {choice.selected}{dtype}"
     )
+
+
+def with_dtype(choice: BackendChoice, dtype: str) -> BackendChoice:
+    """`choice` computing in `dtype`: as asked when the selected backend can; on a fallback backend
+    that cannot, its first dtype (the fallback notice then says so); else BackendError, since the
+    backend that was asked for cannot honour the dtype that was asked for."""
+    dtypes = BACKEND_CLASSES[choice.selected].capabilities.dtypes
+    if dtype in dtypes:
+        return replace(choice, dtype=dtype, requested_dtype=None)
+    if choice.selected != choice.requested:
+        return replace(choice, dtype=dtypes[0], requested_dtype=dtype)
+    raise BackendError(f"backend {choice.selected!r} computes in {' or '.join(dtypes)} only, not {dtype!r}")

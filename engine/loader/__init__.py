@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infer.engine.loader.checkpoint import Checkpoint, ModelConfig
-from infer.engine.loader.errors import ModelLoadError
+from infer.engine.models.base import Checkpoint, ModelConfig, ModelLoadError
 
 __all__ = ["Checkpoint", "ModelConfig", "ModelLoadError", "load_checkpoint"]
 

@@ -14,9 +14,8 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
-from infer.engine.loader.errors import ModelLoadError
 from infer.engine.models import family_for_gguf
-from infer.engine.models.base import Checkpoint
+from infer.engine.models.base import Checkpoint, ModelLoadError
 
 SUPPORTED_TYPES = frozenset(
     GGMLQuantizationType[name]

@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 from safetensors import safe_open
 
-from infer.engine.loader.errors import ModelLoadError
 from infer.engine.models import family_for_hf
-from infer.engine.models.base import Checkpoint
+from infer.engine.models.base import Checkpoint, ModelLoadError
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from infer.engine.batch import ForwardBatch, Segment
-from infer.engine.models.llama import LlamaModel
+from infer.engine.models.base import Model
 from infer.engine.runtime.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
 from infer.engine.runtime.output import OutputProcessor
 from infer.engine.runtime.request import FaultHook, Request, RequestError
@@ -57,7 +57,7 @@ class Engine:
     """Owns the model, the KV cache and the scheduler; turns requests into event streams."""
 
     def __init__(
-        self, model: LlamaModel, tokenizer: Tokenizer, config: EngineConfig, *, load_seconds: float = 0.0
+        self, model: Model, tokenizer: Tokenizer, config: EngineConfig, *, load_seconds: float = 0.0
     ) -> None:
         if config.ctx_size <= 0:  # 0 = the context the model was trained for
             config = replace(config, ctx_size=model.config.max_position_embeddings)
@@ -402,4 +402,4 @@ def load_engine(
     checkpoint = load_checkpoint(model_path)
     model = build_model(checkpoint, backend)
     load_seconds = time.perf_counter() - started
-    return Engine(model, checkpoint.tokenizer, config, load_seconds=load_seconds)  # type: ignore[arg-type]
+    return Engine(model, checkpoint.tokenizer, config, load_seconds=load_seconds)

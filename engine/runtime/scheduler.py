@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from infer.engine.runtime.kv_cache import KVCache
+from infer.engine.backends.kv_cache import KVCache
 from infer.engine.runtime.sequence import Sequence, SequenceStatus
 
 StepKind = Literal["prefill", "decode"]
