@@ -1,0 +1,36 @@
+"""What a kernel module registers for one GGUF tensor type (see engine/backends/cpu_kernels/__init__.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+MatmulExact = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+"""(blocks uint8 [out, row_bytes], x float32 [B, in], out float32 [B, out]) -> None: out = x @ W.T with
+W dequantized in registers and float32 accumulation, each out[b, o] independent of B."""
+
+MatmulInt8 = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+"""(blocks, xq int8 [B, in], xs float32 [B, in // 32], out float32 [B, out]) -> None: the same product
+with activations quantized per 32-block as llama.cpp does (approximate)."""
+
+DequantizeRows = Callable[[np.ndarray, int, int, np.ndarray], None]
+"""(blocks, start, stop, out float32 [stop - start, in]) -> None: rows start..stop-1 as float32, for
+BLAS on dequantized tiles (large prefill chunks)."""
+
+
+@dataclass(frozen=True)
+class QuantKernels:
+    """The kernels of one GGUF tensor type."""
+
+    type_name: str
+    """GGUF type name as gguf.GGMLQuantizationType spells it: Q4_1, Q8_0, Q4_K, F16, ..."""
+    block_elements: int
+    """Weights per block (32 for the legacy types, 256 for K-quants, 1 for F16/BF16/F32)."""
+    block_bytes: int
+    """Bytes per block."""
+    matmul_exact: MatmulExact
+    matmul_int8: MatmulInt8 | None
+    """None where the type has no int8-activation kernel (then `int8` mode uses `matmul_exact`)."""
+    dequantize_rows: DequantizeRows
