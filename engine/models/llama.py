@@ -233,11 +233,14 @@ def half_to_interleaved(weight: np.ndarray, heads: int) -> np.ndarray:
 
 @dataclass
 class _Layer:
-    # Output-major ([out, in], as Hugging Face stores them) for Backend.linear. The RMSNorm weights
-    # that precede qkv and gate_up are folded into their columns: (x_hat * w) @ W.T == x_hat @ (W * w).T.
+    # Output-major ([out, in], as Hugging Face stores them) for Backend.linear. Nothing is folded into
+    # the matrices (they may be quantized blocks, which cannot be rescaled): the RMSNorm weights scale
+    # the normalised input, and 1/sqrt(head_dim) is folded into q's RoPE rotations.
+    attn_norm: Weight  # [hidden]
     qkv: Weight  # [q + 2 kv, hidden]
     qkv_bias: Weight | None
     out: Weight  # [hidden, q]
+    mlp_norm: Weight  # [hidden]
     gate_up: Weight  # [2 * intermediate, hidden]
     down: Weight  # [hidden, intermediate]
 
@@ -250,7 +253,6 @@ class LlamaModel:
         self.backend = backend
         weights = checkpoint.weights
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        score_scale = np.float32(1.0 / np.sqrt(config.head_dim))
 
         def q_k_rows(name: str, count: int) -> np.ndarray:
             w = weights.pop(name)
@@ -259,25 +261,24 @@ class LlamaModel:
         self.layers: list[_Layer] = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
-            # 1/sqrt(head_dim) is folded into q (RoPE is linear), so scores need no scaling pass.
-            q = q_k_rows(p + "self_attn.q_proj.weight", heads) * score_scale
+            q = q_k_rows(p + "self_attn.q_proj.weight", heads)
             k = q_k_rows(p + "self_attn.k_proj.weight", kv_heads)
             v = weights.pop(p + "self_attn.v_proj.weight")
             bias = None
             if config.attention_bias:
-                qb = q_k_rows(p + "self_attn.q_proj.bias", heads) * score_scale
+                qb = q_k_rows(p + "self_attn.q_proj.bias", heads)
                 kb = q_k_rows(p + "self_attn.k_proj.bias", kv_heads)
                 bias = backend.weight(np.concatenate([qb, kb, weights.pop(p + "self_attn.v_proj.bias")]))
             gate = weights.pop(p + "mlp.gate_proj.weight")
             up = weights.pop(p + "mlp.up_proj.weight")
-            attn_norm = weights.pop(p + "input_layernorm.weight")
-            mlp_norm = weights.pop(p + "post_attention_layernorm.weight")
             self.layers.append(
                 _Layer(
-                    qkv=backend.weight(np.concatenate([q, k, v]) * attn_norm),
+                    attn_norm=backend.weight(weights.pop(p + "input_layernorm.weight")),
+                    qkv=backend.weight(np.concatenate([q, k, v])),
                     qkv_bias=bias,
                     out=backend.weight(weights.pop(p + "self_attn.o_proj.weight")),
-                    gate_up=backend.weight(np.concatenate([gate, up]) * mlp_norm),
+                    mlp_norm=backend.weight(weights.pop(p + "post_attention_layernorm.weight")),
+                    gate_up=backend.weight(np.concatenate([gate, up])),
                     down=backend.weight(weights.pop(p + "mlp.down_proj.weight")),
                 )
             )
@@ -286,7 +287,9 @@ class LlamaModel:
         self.lm_head = self.embed if config.tie_word_embeddings else backend.weight(weights["lm_head.weight"])
         self.final_norm = backend.weight(weights["model.norm.weight"])
         self._inv_freq = inverse_frequencies(config, weights.get(ROPE_FREQS))
+        self._score_scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self._rotations = np.zeros((0, config.head_dim // 2), dtype=np.complex64)
+        self._q_rotations = self._rotations
 
     @property
     def vocab_size(self) -> int:
@@ -300,14 +303,20 @@ class LlamaModel:
             self.backend, c.num_hidden_layers, slots, c.num_key_value_heads, capacity, c.head_dim
         )
 
-    def _rope_rotations(self, positions: np.ndarray) -> Array:
-        """cos + i sin of every (position, frequency), complex64 [rows, head_dim / 2], on the device."""
+    def _rope_rotations(self, positions: np.ndarray) -> tuple[Array, Array]:
+        """(q's, k's) cos + i sin of every (position, frequency), complex64 [rows, head_dim / 2], on the
+        device; q's carry the attention score scale 1/sqrt(head_dim) (RoPE is linear), so scores need
+        no scaling pass."""
         needed = int(positions.max()) + 1
         if needed > self._rotations.shape[0]:
             size = max(needed, 2 * self._rotations.shape[0], 256)
             angles = np.outer(np.arange(size, dtype=np.float64), self._inv_freq)
-            self._rotations = np.exp(1j * angles).astype(np.complex64)
-        return self.backend.asarray(self._rotations[positions])
+            rotations = np.exp(1j * angles)
+            self._rotations = rotations.astype(np.complex64)
+            self._q_rotations = (rotations * float(self._score_scale)).astype(np.complex64)
+        return self.backend.asarray(self._q_rotations[positions]), self.backend.asarray(
+            self._rotations[positions]
+        )
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
         """Run every row of `batch`, write its keys/values into `cache`, return logits [logit_rows, vocab].
@@ -322,23 +331,23 @@ class LlamaModel:
         positions = np.concatenate([np.arange(s.start, s.start + s.length) for s in batch.segments])
         slots_per_row = np.repeat(slots, lengths)
         plan = AttentionPlan.build(slots, starts, lengths)
-        rotations = self._rope_rotations(positions)
+        q_rotations, k_rotations = self._rope_rotations(positions)
         heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
 
         hidden = backend.embed(self.embed, batch.token_ids)
         for index, layer in enumerate(self.layers):
-            qkv = backend.linear(backend.rms_norm(hidden, None, c.rms_norm_eps), layer.qkv, layer.qkv_bias)
-            # q and k sit side by side in qkv: one rotation covers both.
-            qk = backend.rope(
-                qkv[:, : q_width + kv_width].reshape(rows, heads + kv_heads, head_dim), rotations
+            normed = backend.rms_norm(hidden, layer.attn_norm, c.rms_norm_eps)
+            qkv = backend.linear(normed, layer.qkv, layer.qkv_bias)
+            q = backend.rope(qkv[:, :q_width].reshape(rows, heads, head_dim), q_rotations)
+            k = backend.rope(
+                qkv[:, q_width : q_width + kv_width].reshape(rows, kv_heads, head_dim), k_rotations
             )
-            q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, q_width + kv_width :].reshape(rows, kv_heads, head_dim)
             backend.write_kv(cache, index, slots_per_row, positions, k, v)
             attn = backend.attention(q, cache, index, plan)
             hidden += backend.linear(attn.reshape(rows, q_width), layer.out)
-            gate_up = backend.linear(backend.rms_norm(hidden, None, c.rms_norm_eps), layer.gate_up)
+            gate_up = backend.linear(backend.rms_norm(hidden, layer.mlp_norm, c.rms_norm_eps), layer.gate_up)
             hidden += backend.linear(backend.silu_mul(gate_up, c.intermediate_size), layer.down)
 
         last = backend.rms_norm(hidden[backend.asarray(batch.logit_rows)], self.final_norm, c.rms_norm_eps)
