@@ -1,12 +1,11 @@
-"""GGUF files through the `gguf` package: memory-mapped, dequantized once to float32.
+"""GGUF files through the `gguf` package, memory-mapped: quantized and half-precision matrices stay in
+their blocks (QuantizedTensor, dequantized only when asked for floats), vectors become float32.
 
 The loader reads metadata and tensors only; the family registered for the file's architecture
 (infer.engine.models) names the tensors, builds the config and checks the shapes."""
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from infer.engine.models import family_for_gguf
-from infer.engine.models.base import Checkpoint, ModelLoadError
+from infer.engine.models.base import Checkpoint, ModelLoadError, QuantizedTensor, Tensor
 
 SUPPORTED_TYPES = frozenset(
     GGMLQuantizationType[name]
@@ -62,7 +61,7 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
 
 
 def load_gguf(path: Path) -> Checkpoint:
-    """Read a GGUF file into a float32 Checkpoint: weights dequantized once, named and checked by the
+    """Read a GGUF file into a Checkpoint (matrices kept in their blocks), named and checked by the
     family registered for its `general.architecture`."""
     from infer.engine.text.tokenizer import Tokenizer, TokenizerError
 
@@ -77,16 +76,17 @@ def load_gguf(path: Path) -> Checkpoint:
     # Only the tensors the family names are read.
     named = [(name, t) for t in reader.tensors if (name := family.gguf_tensor_name(t.name)) is not None]
 
-    def read(tensor: ReaderTensor) -> np.ndarray:
+    def read(tensor: ReaderTensor) -> Tensor:
+        shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists dimensions innermost first
         try:
-            return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+            if len(shape) == 2 and tensor.tensor_type != GGMLQuantizationType.F32:
+                blocks = np.asarray(tensor.data).view(np.uint8).reshape(shape[0], -1)
+                return QuantizedTensor(blocks, tensor.tensor_type.name, shape)
+            return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot read tensor {tensor.name}: {exc}") from None
 
-    # numpy releases the GIL inside the vectorised dequantisation, so threads use every core.
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        arrays = list(pool.map(read, [tensor for _, tensor in named]))
-    weights = {name: array for (name, _), array in zip(named, arrays, strict=True)}
+    weights = {name: read(tensor) for name, tensor in named}
     config = family.config_from_gguf(meta, str(meta["general.architecture"]), weights, str(path))
     family.check_weights(config, weights, str(path))
     try:

@@ -63,13 +63,43 @@ class ModelConfig:
     """Hugging Face rope_scaling (llama3, linear), empty when none."""
 
 
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A checkpoint matrix kept as stored: a GGUF tensor's rows of blocks (memory-mapped, never copied).
+
+    `blocks` is uint8 [rows, row_bytes]; `shape` the logical [out, in]. `np.asarray(tensor)` dequantizes
+    it to float32, so code that wants floats (a dense backend, tests) just asks for an array, while a
+    backend with kernels for `type_name` computes on the blocks themselves.
+    """
+
+    blocks: np.ndarray
+    type_name: str
+    """GGUF type name (gguf.GGMLQuantizationType): Q4_1, Q8_0, Q4_K, F16, ..."""
+    shape: tuple[int, ...]
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        dense = dequantize(self.blocks, GGMLQuantizationType[self.type_name]).reshape(self.shape)
+        return np.asarray(dense, dtype=np.float32 if dtype is None else dtype)
+
+    def with_rows(self, order: np.ndarray) -> QuantizedTensor:
+        """The same tensor with its rows (whole rows of blocks) taken in `order`."""
+        return QuantizedTensor(np.ascontiguousarray(self.blocks[order]), self.type_name, self.shape)
+
+
+Tensor = np.ndarray | QuantizedTensor
+"""A checkpoint tensor: float32 (vectors, F32 matrices, safetensors) or GGUF blocks."""
+
+
 @dataclass
 class Checkpoint:
-    """What a loader hands the model: config, named float32 weights (the family's canonical names, Hugging
-    Face's for the llama family, [out, in]) and tokenizer."""
+    """What a loader hands the model: config, named weights (the family's canonical names, Hugging
+    Face's for the llama family, [out, in]; float32 arrays or GGUF blocks) and tokenizer."""
 
     config: ModelConfig
-    weights: dict[str, np.ndarray]
+    weights: dict[str, Tensor]
     tokenizer: Tokenizer
     source: str
     """The file or folder it came from (for messages and fingerprints)."""

@@ -19,7 +19,14 @@ from infer.engine.backends.attention import AttentionPlan
 from infer.engine.backends.base import Array, Backend, Weight
 from infer.engine.backends.kv_cache import KVCache
 from infer.engine.batch import ForwardBatch
-from infer.engine.models.base import Checkpoint, ModelConfig, ModelLoadError, check_shapes
+from infer.engine.models.base import (
+    Checkpoint,
+    ModelConfig,
+    ModelLoadError,
+    QuantizedTensor,
+    Tensor,
+    check_shapes,
+)
 
 ROPE_FREQS = "rope_freqs.weight"
 """GGUF's per-frequency RoPE divisors (llama3 scaling); kept under this name, it has no HF twin."""
@@ -254,9 +261,13 @@ class LlamaModel:
         weights = checkpoint.weights
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
 
-        def q_k_rows(name: str, count: int) -> np.ndarray:
+        def q_k_rows(name: str, count: int) -> Tensor:
             w = weights.pop(name)
-            return half_to_interleaved(w, count) if config.rope_layout == "half" else w
+            if config.rope_layout != "half":
+                return w
+            if isinstance(w, QuantizedTensor):  # whole rows of blocks move, as the floats would
+                return w.with_rows(half_to_interleaved(np.arange(w.shape[0]), count))
+            return half_to_interleaved(w, count)
 
         self.layers: list[_Layer] = []
         for i in range(config.num_hidden_layers):
