@@ -136,11 +136,13 @@ def environment_fingerprint(
     profile_name: str | None = None,
     profile_path: Path | str | None = None,
     model: str | None = None,
+    cpu_kernels: str | None = None,
 ) -> dict[str, Any]:
     """Everything about this machine and build that can change generated tokens or their speed.
 
     `backend`/`device` are the backend that really runs (after any fallback) and its device name;
-    `profile_name`/`profile_path` the resolved profile; `model` the model file name.
+    `profile_name`/`profile_path` the resolved profile; `model` the model file name; `cpu_kernels` the
+    cpu backend's matmul mode (exact, int8, blas) when it runs.
     """
     import numpy
 
@@ -153,6 +155,7 @@ def environment_fingerprint(
         "blas": blas_info(),
         "backend": backend,
         "device": device or ("cpu" if backend == "cpu" else None),
+        "cpu_kernels": cpu_kernels if backend == "cpu" else None,
         "cpu": cpu_info(),
         "profile": {"name": profile_name, "sha256": profile_hash(profile_path)},
         "model": model,

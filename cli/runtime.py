@@ -102,6 +102,6 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
     try:
-        return load_engine(path, config, choice.selected, choice.dtype)
+        return load_engine(path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels)
     except ModelLoadError as exc:
         fail(str(exc))

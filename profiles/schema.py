@@ -22,10 +22,12 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from infer.engine.backends import BACKEND_NAMES
+from infer.engine.backends.cpu import KERNEL_MODES
 from infer.engine.sampling import SamplingParams
 
 Backend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # derived from the one backend registry
 DType = Literal["float32", "float16", "bfloat16"]
+CpuKernels = Literal[KERNEL_MODES]  # type: ignore[valid-type]
 SpeculativeMethod = Literal["none", "prompt_lookup", "draft_model"]
 
 
@@ -106,6 +108,12 @@ class ProfileFile(_Section):
     backend: Backend = Field("cpu", description="Compute backend: cpu (numpy), cuda (CuPy) or metal (MLX).")
     dtype: DType = Field("float32", description="Compute dtype for weights and activations.")
     threads: int = Field(0, ge=0, description="CPU threads for BLAS; 0 = all cores.")
+    cpu_kernels: CpuKernels = Field(
+        "blas",
+        description="How the cpu backend multiplies by a GGUF matrix: exact (numba kernels on the "
+        "quantized blocks, float32 accumulation), int8 (kernels with activations quantized per "
+        "32-block as llama.cpp does: faster, approximate) or blas (a float32 copy through BLAS).",
+    )
     ctx_size: int = Field(4096, ge=0, description="Context size in tokens; 0 = the model's trained context.")
     batch_size: int = Field(512, ge=1, description="Prefill chunk: prompt tokens processed per step.")
     max_batched_tokens: int = Field(2048, ge=1, description="Scheduler: most tokens in one step.")

@@ -419,6 +419,7 @@ def bench(
                 profile_name=settings.profile_name,
                 profile_path=settings.profile_path,
                 model=model_name,
+                cpu_kernels=settings.cpu_kernels,
             ),
         }
     records = [r.to_json() for r in results]

@@ -98,6 +98,7 @@ def _fingerprint(settings: Settings) -> dict[str, Any]:
         profile_name=settings.profile_name,
         profile_path=settings.profile_path,
         model=Path(model).name if model != "default" else "smollm2-135m-instruct",
+        cpu_kernels=settings.cpu_kernels,
     )
 
 

@@ -44,13 +44,15 @@ IMPLEMENTED: frozenset[str] = frozenset(name for name, cls in BACKEND_CLASSES.it
 """Backends this build has a model implementation for (derived from the registry)."""
 
 
-def create_backend(name: str, dtype: str = "float32") -> Backend:
+def create_backend(name: str, dtype: str = "float32", *, cpu_kernels: str = "blas") -> Backend:
     """The backend called `name` computing in `dtype`; callers probe first (probe.select_backend) and
-    pass what it selected. Raises BackendError for an unknown or unimplemented backend or a dtype
-    it does not support."""
+    pass what it selected. `cpu_kernels` is the cpu backend's matmul mode (see cpu.KERNEL_MODES).
+    Raises BackendError for an unknown or unimplemented backend or a dtype it does not support."""
     cls = BACKEND_CLASSES.get(name)
     if cls is None or not cls.implemented:
         raise BackendError(f"backend {name!r} has no implementation in this build; use cpu")
+    if cls is CpuBackend:
+        return CpuBackend(dtype, kernels=cpu_kernels)
     return cls(dtype)
 
 

@@ -8,6 +8,7 @@ indices, masks) is passed in as numpy and the backend moves it with `asarray`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -69,6 +70,17 @@ class Backend(Protocol):
         weight's shape. Quantized (`quant` a GGUF type name such as "Q4_1", one of
         capabilities.quant_formats): `array` is the tensor's raw blocks as stored (uint8, memory-mapped
         is fine: no float copy is made) and `shape` its logical shape."""
+        ...
+
+    @property
+    def block_formats(self) -> frozenset[str]:
+        """GGUF types this backend instance computes on as blocks (its capabilities' quant formats it
+        has kernels for in its current mode); tensors of other types are passed to `weight` as floats."""
+        ...
+
+    def stack(self, weights: Sequence[Weight]) -> Weight:
+        """One weight whose rows are `weights`' rows in order (q, k, v into qkv): `linear` by it
+        equals the concatenation of `linear` by each."""
         ...
 
     def asarray(self, host: np.ndarray) -> Array:

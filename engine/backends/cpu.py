@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from infer.engine.backends.attention import AttentionPlan, causal_mask
 from infer.engine.backends.base import Capabilities
+from infer.engine.backends.cpu_kernels.registry import QuantKernels
 from infer.engine.backends.errors import BackendError
 from infer.engine.backends.kv_cache import KVCache
 
@@ -18,6 +20,16 @@ _CACHE_LINE = 64
 
 _VOCAB_CHUNK = 4096
 """Rows of the embedding table per vocabulary-projection matmul (see CpuBackend.logits)."""
+
+
+KERNEL_MODES: tuple[str, ...] = ("exact", "int8", "blas")
+"""How the cpu backend multiplies by a GGUF matrix: `exact` (kernels on the blocks, weights dequantized in
+registers, float32 accumulation), `int8` (kernels with activations quantized per 32-block, as llama.cpp
+does: faster, approximate), `blas` (a float32 copy of every matrix through BLAS)."""
+
+KERNEL_ROWS = 16
+"""Rows of x per kernel call. Kernels give each row the same bits whatever the rows beside it, so a
+longer x runs as consecutive groups of this many rows with no change to any row's result."""
 
 
 @dataclass(frozen=True)
@@ -32,19 +44,58 @@ class DenseWeight:
         return tuple(self.data.shape)
 
 
+@dataclass(frozen=True)
+class BlockWeight:
+    """A GGUF matrix kept in its blocks (uint8 [out, row_bytes], memory-mapped), with its type's kernels."""
+
+    blocks: np.ndarray
+    kernels: QuantKernels
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StackedWeight:
+    """Several matrices whose rows stack into one weight (q, k and v; gate and up): each part keeps its
+    own blocks and type, and writes its own columns of the product."""
+
+    parts: tuple[BlockWeight, ...]
+    shape: tuple[int, ...]
+
+
 class CpuBackend:
-    """Numpy implementation of the Backend protocol (float32)."""
+    """Numpy implementation of the Backend protocol (float32), with numba kernels on GGUF blocks."""
 
     name: ClassVar[str] = "cpu"
     capabilities: ClassVar[Capabilities] = Capabilities(dtypes=("float32",))
     implemented: ClassVar[bool] = True
 
-    def __init__(self, dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        dtype: str = "float32",
+        kernels: str = "blas",
+        kernel_table: Mapping[str, QuantKernels] | None = None,
+    ) -> None:
         if dtype not in self.capabilities.dtypes:
             raise BackendError(
                 f"the cpu backend computes in float32 only, got dtype {dtype!r}; use dtype float32"
             )
+        if kernels not in KERNEL_MODES:
+            raise BackendError(f"cpu kernels must be one of {', '.join(KERNEL_MODES)}, got {kernels!r}")
         self.dtype = dtype
+        self.kernel_mode = kernels
+        """exact, int8 or blas (see KERNEL_MODES)."""
+        if kernels == "blas":
+            kernel_table = {}
+        elif kernel_table is None:
+            from infer.engine.backends.cpu_kernels import KERNELS
+
+            kernel_table = KERNELS
+        self._kernels: Mapping[str, QuantKernels] = kernel_table
+
+    @property
+    def block_formats(self) -> frozenset[str]:
+        """GGUF types this backend computes on as blocks (none in `blas` mode): others come as floats."""
+        return frozenset(self._kernels)
 
     @staticmethod
     def probe() -> str | None:
@@ -54,11 +105,54 @@ class CpuBackend:
 
     def weight(
         self, array: np.ndarray, *, quant: str | None = None, shape: tuple[int, ...] | None = None
-    ) -> DenseWeight:
-        """A contiguous float32 copy of a dense array (no copy when it already is one)."""
-        if quant is not None:
-            raise BackendError(f"the cpu backend takes no {quant} blocks yet (dense weights only)")
-        return DenseWeight(np.ascontiguousarray(array, dtype=np.float32))
+    ) -> DenseWeight | BlockWeight:
+        """A contiguous float32 copy of a dense array (no copy when it already is one), or a GGUF
+        matrix's blocks as they are (`quant` one of `block_formats`; `shape` its [out, in])."""
+        if quant is None:
+            return DenseWeight(np.ascontiguousarray(array, dtype=np.float32))
+        kernels = self._kernels.get(quant)
+        if kernels is None or shape is None or len(shape) != 2:
+            raise BackendError(
+                f"the cpu backend ({self.kernel_mode} kernels) computes on no {quant} blocks of shape "
+                f"{shape}; pass it as floats"
+            )
+        return BlockWeight(array, kernels, tuple(shape))
+
+    def stack(self, weights: Sequence[DenseWeight | BlockWeight]) -> DenseWeight | StackedWeight:
+        """One weight whose rows are `weights`' rows in order (dense ones concatenated, blocks kept)."""
+        if all(isinstance(w, DenseWeight) for w in weights):
+            return DenseWeight(np.concatenate([w.data for w in weights]))  # type: ignore[union-attr]
+        if not all(isinstance(w, BlockWeight) for w in weights):
+            raise BackendError("cannot stack dense and block weights into one")
+        parts = tuple(weights)  # type: ignore[arg-type]
+        return StackedWeight(parts, (sum(p.shape[0] for p in parts), parts[0].shape[1]))
+
+    def _block_product(self, x: np.ndarray, weight: BlockWeight | StackedWeight) -> np.ndarray:
+        """x @ W.T for blocks: every KERNEL_ROWS rows of x in one kernel call per part, so each row's
+        result is the same bits whatever rows run beside it."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        rows = x.shape[0]
+        parts = weight.parts if isinstance(weight, StackedWeight) else (weight,)
+        out = np.empty((rows, weight.shape[0]), dtype=np.float32)
+        int8 = self.kernel_mode == "int8" and all(p.kernels.matmul_int8 is not None for p in parts)
+        if int8:
+            from infer.engine.backends.cpu_kernels import quantize_activations
+
+            xq, xs = quantize_activations(x)
+        for lo in range(0, rows, KERNEL_ROWS):
+            hi = min(lo + KERNEL_ROWS, rows)
+            column = 0
+            for part in parts:
+                width = part.shape[0]
+                target = out[lo:hi] if len(parts) == 1 else np.empty((hi - lo, width), dtype=np.float32)
+                if int8:
+                    part.kernels.matmul_int8(part.blocks, xq[lo:hi], xs[lo:hi], target)  # type: ignore[misc]
+                else:
+                    part.kernels.matmul_exact(part.blocks, x[lo:hi], target)
+                if len(parts) > 1:
+                    out[lo:hi, column : column + width] = target
+                column += width
+        return out
 
     def asarray(self, host: np.ndarray) -> np.ndarray:
         """Host data is already where the cpu backend computes."""
@@ -77,29 +171,44 @@ class CpuBackend:
         start = (-buffer.ctypes.data % _CACHE_LINE) // 4
         return buffer[start : start + count].reshape(shape)
 
-    def embed(self, table: DenseWeight, ids: np.ndarray) -> np.ndarray:
-        """Rows `ids` of the table, column-major: the residual stream is kept in the layout `linear`
-        returns, so the two residual adds per layer run over contiguous memory."""
+    def embed(self, table: DenseWeight | BlockWeight, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` of the table. With BLAS the residual stream is kept column-major, the layout
+        `linear` returns there, so the two residual adds per layer run over contiguous memory; the
+        kernels return row-major, and so does this then."""
+        if isinstance(table, BlockWeight):
+            out = np.empty((len(ids), table.shape[1]), dtype=np.float32)
+            table.kernels.dequantize_rows(np.ascontiguousarray(table.blocks[ids]), 0, len(ids), out)
+            return out
         return np.asfortranarray(table.data[ids])
 
-    def linear(self, x: np.ndarray, weight: DenseWeight, bias: DenseWeight | None = None) -> np.ndarray:
+    def linear(
+        self,
+        x: np.ndarray,
+        weight: DenseWeight | BlockWeight | StackedWeight,
+        bias: DenseWeight | None = None,
+    ) -> np.ndarray:
         """x @ weight.T (+ bias) for weight [out, in], computed as (weight @ x.T).T.
 
         OpenBLAS's sgemm is markedly faster for a few-row x in this orientation (weight as the
         large left operand); the result is a transposed view, which the elementwise ops take as is.
         """
-        out = (weight.data @ x.T).T
+        if not isinstance(weight, DenseWeight):
+            out = self._block_product(x, weight)
+        else:
+            out = (weight.data @ x.T).T
         if bias is not None:
             out += bias.data
         return out
 
-    def logits(self, x: np.ndarray, weight: DenseWeight) -> np.ndarray:
+    def logits(self, x: np.ndarray, weight: DenseWeight | BlockWeight) -> np.ndarray:
         """x @ table.T for the vocabulary projection (table [vocab, hidden]), as a C-ordered array.
 
         The product runs in slices of `_VOCAB_CHUNK` rows of the table, which keeps OpenBLAS's packed
         panels in cache: 15-30% faster than one call for 4-64 rows. Few rows take the
         (table @ x.T) orientation plus one transposing copy; many rows write straight into place.
         """
+        if isinstance(weight, BlockWeight):
+            return self._block_product(x, weight)
         table = weight.data
         rows, vocab = x.shape[0], table.shape[0]
         if rows == 1:

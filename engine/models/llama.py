@@ -285,22 +285,33 @@ class LlamaModel:
             self.layers.append(
                 _Layer(
                     attn_norm=backend.weight(weights.pop(p + "input_layernorm.weight")),
-                    qkv=backend.weight(np.concatenate([q, k, v])),
+                    qkv=self._matrix(q, k, v),
                     qkv_bias=bias,
-                    out=backend.weight(weights.pop(p + "self_attn.o_proj.weight")),
+                    out=self._matrix(weights.pop(p + "self_attn.o_proj.weight")),
                     mlp_norm=backend.weight(weights.pop(p + "post_attention_layernorm.weight")),
-                    gate_up=backend.weight(np.concatenate([gate, up])),
-                    down=backend.weight(weights.pop(p + "mlp.down_proj.weight")),
+                    gate_up=self._matrix(gate, up),
+                    down=self._matrix(weights.pop(p + "mlp.down_proj.weight")),
                 )
             )
-        self.embed = backend.weight(weights["model.embed_tokens.weight"])
+        self.embed = self._matrix(weights["model.embed_tokens.weight"])
         # [vocab, hidden], shared with the embedding when tied; Backend.logits reads it transposed.
-        self.lm_head = self.embed if config.tie_word_embeddings else backend.weight(weights["lm_head.weight"])
+        self.lm_head = self.embed if config.tie_word_embeddings else self._matrix(weights["lm_head.weight"])
         self.final_norm = backend.weight(weights["model.norm.weight"])
         self._inv_freq = inverse_frequencies(config, weights.get(ROPE_FREQS))
         self._score_scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self._rotations = np.zeros((0, config.head_dim // 2), dtype=np.complex64)
         self._q_rotations = self._rotations
+
+    def _matrix(self, *tensors: Tensor) -> Weight:
+        """One weight whose rows are `tensors`' rows in order: kept in their GGUF blocks where the
+        backend computes on that type, else as one float32 matrix."""
+        backend = self.backend
+        if all(isinstance(t, QuantizedTensor) and t.type_name in backend.block_formats for t in tensors):
+            blocks = [backend.weight(t.blocks, quant=t.type_name, shape=t.shape) for t in tensors]  # type: ignore[union-attr]
+            return blocks[0] if len(blocks) == 1 else backend.stack(blocks)
+        return backend.weight(
+            np.concatenate([np.asarray(t) for t in tensors]) if len(tensors) > 1 else tensors[0]
+        )
 
     @property
     def vocab_size(self) -> int:

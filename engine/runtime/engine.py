@@ -389,16 +389,24 @@ class Engine:
 
 
 def load_engine(
-    model_path: Path | str, config: EngineConfig, backend_name: str = "cpu", dtype: str = "float32"
+    model_path: Path | str,
+    config: EngineConfig,
+    backend_name: str = "cpu",
+    dtype: str = "float32",
+    *,
+    cpu_kernels: str = "blas",
 ) -> Engine:
     """Load a checkpoint, build its family's model (through the model registry) on backend
-    `backend_name` computing in `dtype`, and wrap it in an Engine."""
+    `backend_name` computing in `dtype` (the cpu backend multiplying in `cpu_kernels` mode), and wrap
+    it in an Engine."""
     from infer.engine.backends import create_backend
     from infer.engine.loader import load_checkpoint
     from infer.engine.models import build_model
 
     started = time.perf_counter()
-    backend = create_backend(backend_name, dtype)  # a dtype the backend lacks fails before loading
+    backend = create_backend(
+        backend_name, dtype, cpu_kernels=cpu_kernels
+    )  # a dtype the backend lacks fails before loading
     checkpoint = load_checkpoint(model_path)
     model = build_model(checkpoint, backend)
     load_seconds = time.perf_counter() - started

@@ -1,0 +1,122 @@
+"""GGUF matrices reach the cpu backend as blocks and come out of `linear` as the float path would.
+
+The kernels here are numpy stand-ins with the kernel interface (engine/backends/cpu_kernels/registry.py),
+so this pins the plumbing (loader -> family -> backend weights, stacking q/k/v, embedding and the
+vocabulary projection from blocks, 16-row groups, int8 fallback to exact) apart from the kernels,
+which tests/test_cpu_kernels*.py check against the same dequantized reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from infer.engine.backends.cpu import KERNEL_ROWS, BlockWeight, CpuBackend, DenseWeight, StackedWeight
+from infer.engine.backends.cpu_kernels.registry import QuantKernels
+from infer.engine.batch import ForwardBatch, Segment
+from infer.engine.loader import load_checkpoint
+from infer.engine.models import build_model
+from infer.engine.models.base import QuantizedTensor
+
+pytest_plugins = ["conftest_synthetic"]
+
+
+def reference_kernels(type_name: str, calls: list[tuple[str, int]]) -> QuantKernels:
+    """Kernels for `type_name` computed through gguf's dequantizer, recording (kind, rows) per call."""
+    qtype = GGMLQuantizationType[type_name]
+
+    def matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+        calls.append(("exact", x.shape[0]))
+        assert x.flags.c_contiguous and x.dtype == np.float32
+        out[...] = (x.astype(np.float64) @ dequantize(blocks, qtype).astype(np.float64).T).astype(np.float32)
+
+    def dequantize_rows(blocks: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:
+        out[...] = dequantize(blocks[start:stop], qtype)
+
+    return QuantKernels(type_name, 32, 0, matmul_exact, None, dequantize_rows)
+
+
+@pytest.fixture
+def quantized_pair(tiny_model_factory: Callable[..., object]) -> tuple[object, list[tuple[str, int]]]:
+    calls: list[tuple[str, int]] = []
+    model = tiny_model_factory(quant="Q8_0", tied=True, kv_heads=2)
+    return model, calls
+
+
+def _logits(backend: CpuBackend, path: object, token_ids: list[int]) -> np.ndarray:
+    checkpoint = load_checkpoint(path)  # type: ignore[arg-type]
+    model = build_model(checkpoint, backend)
+    cache = model.make_cache(1, 64)
+    batch = ForwardBatch(
+        np.asarray(token_ids, dtype=np.int64),
+        (Segment(0, 0, len(token_ids)),),
+        np.arange(len(token_ids), dtype=np.int64),
+    )
+    return model.forward(batch, cache), model  # type: ignore[return-value]
+
+
+def test_gguf_matrices_load_as_blocks(quantized_pair) -> None:
+    model, _ = quantized_pair
+    checkpoint = load_checkpoint(model.gguf_path)
+    q = checkpoint.weights["model.layers.0.self_attn.q_proj.weight"]
+    assert isinstance(q, QuantizedTensor) and q.type_name == "Q8_0" and q.blocks.dtype == np.uint8
+    assert np.asarray(q).shape == q.shape
+    norm = checkpoint.weights["model.layers.0.input_layernorm.weight"]
+    assert isinstance(norm, np.ndarray) and norm.dtype == np.float32
+
+
+def test_block_weights_give_the_float_path_logits(quantized_pair) -> None:
+    model, calls = quantized_pair
+    tokens = list(range(3, 3 + 2 * KERNEL_ROWS + 5))  # three kernel groups: 16, 16, 5 rows
+    blas_logits, _ = _logits(CpuBackend(kernels="blas"), model.gguf_path, tokens)
+    backend = CpuBackend(kernels="exact", kernel_table={"Q8_0": reference_kernels("Q8_0", calls)})
+    block_logits, built = _logits(backend, model.gguf_path, tokens)
+    layer = built.layers[0]
+    assert isinstance(layer.qkv, StackedWeight) and len(layer.qkv.parts) == 3  # q, k, v kept apart
+    assert isinstance(layer.down, BlockWeight) and isinstance(built.embed, BlockWeight)
+    assert isinstance(layer.attn_norm, DenseWeight)
+    assert {rows for _, rows in calls} == {KERNEL_ROWS, 5}
+    np.testing.assert_allclose(block_logits, blas_logits, rtol=2e-4, atol=2e-4)
+    assert (block_logits.argmax(axis=1) == blas_logits.argmax(axis=1)).all()
+
+
+def test_a_row_gets_the_same_bits_alone_or_in_a_group(quantized_pair) -> None:
+    model, calls = quantized_pair
+    backend = CpuBackend(kernels="exact", kernel_table={"Q8_0": reference_kernels("Q8_0", calls)})
+    built = build_model(load_checkpoint(model.gguf_path), backend)
+    x = (
+        np.random.default_rng(0)
+        .standard_normal((KERNEL_ROWS + 3, built.config.hidden_size))
+        .astype(np.float32)
+    )
+    together = backend.linear(x, built.layers[0].qkv)
+    for row in (0, 7, KERNEL_ROWS + 1):
+        assert (backend.linear(x[row : row + 1], built.layers[0].qkv)[0] == together[row]).all()
+
+
+def test_int8_without_an_int8_kernel_uses_exact(quantized_pair) -> None:
+    model, calls = quantized_pair
+    backend = CpuBackend(kernels="int8", kernel_table={"Q8_0": reference_kernels("Q8_0", calls)})
+    built = build_model(load_checkpoint(model.gguf_path), backend)
+    backend.linear(np.ones((2, built.config.hidden_size), dtype=np.float32), built.layers[0].qkv)
+    assert calls and all(kind == "exact" for kind, _ in calls)
+
+
+def test_types_without_kernels_come_as_floats(tiny_model_factory) -> None:
+    model = tiny_model_factory(quant="Q4_0")
+    backend = CpuBackend(kernels="exact", kernel_table={"Q8_0": reference_kernels("Q8_0", [])})
+    built = build_model(load_checkpoint(model.gguf_path), backend)
+    assert isinstance(built.layers[0].qkv, DenseWeight)
+    assert backend.block_formats == frozenset({"Q8_0"})
+    assert CpuBackend(kernels="blas").block_formats == frozenset()
+
+
+def test_unknown_kernel_mode_is_refused() -> None:
+    from infer.engine.backends.errors import BackendError
+
+    with pytest.raises(BackendError, match="exact, int8, blas"):
+        CpuBackend(kernels="fast")
