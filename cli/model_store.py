@@ -52,11 +52,15 @@ class ModelStoreError(Exception):
     """A pull or lookup failed; the message says which model and why."""
 
 
+def infer_home() -> Path:
+    """`$INFER_HOME`, default `~/.cache/infer`: the model cache, compiled kernels and build caches."""
+    home = os.environ.get("INFER_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".cache" / "infer"
+
+
 def cache_dir() -> Path:
     """The model cache folder: `$INFER_HOME/models`, default `~/.cache/infer/models`."""
-    home = os.environ.get("INFER_HOME")
-    base = Path(home).expanduser() if home else Path.home() / ".cache" / "infer"
-    return base / "models"
+    return infer_home() / "models"
 
 
 def cached_path(spec: ModelSpec) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from rich.progress import (
 )
 from threadpoolctl import threadpool_limits
 
-from infer.cli.model_store import KNOWN_MODELS, ModelSpec, ModelStoreError, pull, resolve_spec
+from infer.cli.model_store import KNOWN_MODELS, ModelSpec, ModelStoreError, infer_home, pull, resolve_spec
 from infer.cli.options import fail
 from infer.engine.loader import ModelLoadError
 from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
@@ -82,6 +83,17 @@ def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) ->
     )
 
 
+def use_kernel_cache() -> None:
+    """Point numba's compiled-kernel cache at `$INFER_HOME/numba` when the package folder is read-only
+    (a system or wheel install), so kernels compile once per machine, not once per run. Must run before
+    the kernels are imported; a NUMBA_CACHE_DIR the user set wins."""
+    import infer.engine.backends as backends
+
+    package = Path(backends.__file__).parent
+    if "NUMBA_CACHE_DIR" not in os.environ and not os.access(package, os.W_OK):
+        os.environ["NUMBA_CACHE_DIR"] = str(infer_home() / "numba")
+
+
 def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engine:
     """Choose the backend (one stderr notice on fallback), pin BLAS threads, load the model.
 
@@ -97,6 +109,8 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
         print(notice, file=sys.stderr, flush=True)
     if settings.threads:
         threadpool_limits(limits=settings.threads, user_api="blas")
+    if settings.cpu_kernels != "blas":
+        use_kernel_cache()
     path = resolve_model_path(settings.model)
     config = engine_config(settings)
     if max_num_seqs is not None:
