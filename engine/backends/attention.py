@@ -6,7 +6,7 @@ Built on the host from plain arrays (no engine types), once per forward, and han
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -40,11 +40,29 @@ class AttentionPlan:
     prefill: tuple[PrefillRun, ...]
     aligned: bool = False
     """Decode rows are the batch's first rows and hold consecutive slots in order."""
+    row_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Every batch row's KV-cache slot (int64 [rows])."""
+    row_visible: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """How many positions every batch row attends to (its own position + 1), int64 [rows]."""
+    row_run_length: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Rows its sequence brings to this batch, for every batch row (1 for a decode row)."""
 
     @classmethod
     def build(cls, slots: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> AttentionPlan:
         """The plan for a batch whose sequences (in row order) hold `slots`, start at `starts` and
         bring `lengths` rows each."""
+        plan = cls._build(slots, starts, lengths)
+        return replace(
+            plan,
+            row_slots=np.repeat(slots, lengths).astype(np.int64),
+            row_visible=np.concatenate(
+                [np.arange(s + 1, s + n + 1) for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
+            ).astype(np.int64),
+            row_run_length=np.repeat(lengths, lengths).astype(np.int64),
+        )
+
+    @classmethod
+    def _build(cls, slots: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> AttentionPlan:
         decode_rows, decode_slots, decode_lengths, prefill = [], [], [], []
         row = 0
         for slot, start, length in zip(slots.tolist(), starts.tolist(), lengths.tolist(), strict=True):

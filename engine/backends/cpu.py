@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from infer.engine.backends.attention import AttentionPlan, causal_mask
+from infer.engine.backends.attention import AttentionPlan, PrefillRun, causal_mask
 from infer.engine.backends.base import Capabilities
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
 from infer.engine.backends.errors import BackendError
@@ -296,12 +296,16 @@ class CpuBackend:
         layer_values[slots, :, positions, :] = v
 
     def attention(self, q: np.ndarray, cache: KVCache, layer: int, plan: AttentionPlan) -> np.ndarray:
-        """Grouped-query attention of every row against its own sequence's cached keys/values:
-        decode rows in one batched matmul, each prefill run on its own."""
+        """Grouped-query attention of every row against its own sequence's cached keys/values.
+
+        With BLAS: decode rows in one batched matmul, each prefill run on its own. With kernels: every
+        row of a sequence bringing at most KERNEL_ROWS rows (decode, verifying drafts) through the
+        row kernel, whose result never depends on the batch; longer prefill runs through BLAS, each
+        on its own (chunk boundaries are fixed, so a prompt's cache is the same under any load)."""
         keys, values = cache.keys[layer], cache.values[layer]
+        if self.kernel_mode != "blas":
+            return self._kernel_attention(q, keys, values, plan)
         rows, heads, head_dim = q.shape
-        kv_heads = keys.shape[1]
-        group = heads // kv_heads
         if plan.aligned and plan.decode_rows.size == rows:
             return self._decode_attention(q, keys, values, plan).reshape(rows, heads, head_dim)
         out = np.empty_like(q)
@@ -313,14 +317,38 @@ class CpuBackend:
                 picked = dense_out[plan.decode_slots - plan.slot_lo]
                 out[plan.decode_rows] = picked.reshape(-1, heads, head_dim)
         for run in plan.prefill:
-            row, length, total = run.row, run.length, run.start + run.length
-            seg_q = q[row : row + length].reshape(length, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
-            scores = seg_q @ keys[run.slot, :, :total].transpose(0, 2, 1)[:, None]
-            scores += causal_mask(run.start, length)
-            self.softmax_(scores)
-            seg_out = scores @ values[run.slot, :, :total][:, None]
-            out[row : row + length] = seg_out.transpose(2, 0, 1, 3).reshape(length, heads, head_dim)
+            self._prefill_attention(q, keys, values, run, out)
         return out
+
+    def _kernel_attention(
+        self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, plan: AttentionPlan
+    ) -> np.ndarray:
+        from infer.engine.backends.cpu_kernels.attention import row_attention
+
+        q = np.ascontiguousarray(q)
+        out = np.empty_like(q)
+        short = np.flatnonzero(plan.row_run_length <= KERNEL_ROWS)
+        if short.size:
+            row_attention(q, keys, values, short, plan.row_slots[short], plan.row_visible[short], out)
+        for run in plan.prefill:
+            if run.length > KERNEL_ROWS:
+                self._prefill_attention(q, keys, values, run, out)
+        return out
+
+    def _prefill_attention(
+        self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, run: PrefillRun, out: np.ndarray
+    ) -> None:
+        """The rows of one prefill run against their sequence's positions, causally, into `out`."""
+        _, heads, head_dim = q.shape
+        kv_heads = keys.shape[1]
+        group = heads // kv_heads
+        row, length, total = run.row, run.length, run.start + run.length
+        seg_q = q[row : row + length].reshape(length, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+        scores = seg_q @ keys[run.slot, :, :total].transpose(0, 2, 1)[:, None]
+        scores += causal_mask(run.start, length)
+        self.softmax_(scores)
+        seg_out = scores @ values[run.slot, :, :total][:, None]
+        out[row : row + length] = seg_out.transpose(2, 0, 1, 3).reshape(length, heads, head_dim)
 
     def _decode_attention(
         self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, plan: AttentionPlan

@@ -1,0 +1,86 @@
+"""The row attention kernel: right against float64, and each row's bits independent of its batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infer.engine.backends.attention import AttentionPlan
+from infer.engine.backends.cpu import KERNEL_ROWS, CpuBackend
+from infer.engine.backends.cpu_kernels.attention import row_attention
+from infer.engine.backends.kv_cache import KVCache
+
+
+def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, slot: int, visible: int) -> np.ndarray:
+    """One row, float64: softmax(q . K) V per head, grouped-query."""
+    heads, kv_heads = q.shape[0], keys.shape[1]
+    group = heads // kv_heads
+    out = np.empty(q.shape, dtype=np.float64)
+    for head in range(heads):
+        k = keys[slot, head // group, :visible].astype(np.float64)
+        v = values[slot, head // group, :visible].astype(np.float64)
+        scores = k @ q[head].astype(np.float64)
+        weights = np.exp(scores - scores.max())
+        out[head] = weights @ v / weights.sum()
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [64, 24])
+def test_rows_match_float64_and_ignore_their_batch(head_dim: int) -> None:
+    rng = np.random.default_rng(head_dim)
+    slots, kv_heads, heads, capacity, batch = 5, 2, 6, 40, 12
+    keys = rng.standard_normal((slots, kv_heads, capacity, head_dim)).astype(np.float32)
+    values = rng.standard_normal((slots, kv_heads, capacity, head_dim)).astype(np.float32)
+    q = rng.standard_normal((batch, heads, head_dim)).astype(np.float32)
+    row_slots = rng.integers(0, slots, batch).astype(np.int64)
+    visible = rng.integers(1, capacity + 1, batch).astype(np.int64)
+    rows = np.arange(batch, dtype=np.int64)
+    out = np.zeros_like(q)
+    row_attention(q, keys, values, rows, row_slots, visible, out)
+    for row in range(batch):
+        expected = reference(q[row], keys, values, int(row_slots[row]), int(visible[row]))
+        np.testing.assert_allclose(out[row], expected, rtol=1e-5, atol=1e-5)  # float32 sums of O(1) values
+        alone = np.zeros_like(q)
+        row_attention(
+            q, keys, values, rows[row : row + 1], row_slots[row : row + 1], visible[row : row + 1], alone
+        )
+        assert (alone[row] == out[row]).all()
+    # A row moved to another place in the batch, beside other rows, keeps its bits.
+    order = rng.permutation(batch)
+    moved = np.zeros_like(q)
+    row_attention(q[order], keys, values, rows, row_slots[order], visible[order], moved)
+    assert (moved == out[order]).all()
+
+
+def _cache(rng: np.random.Generator, slots: int, capacity: int) -> KVCache:
+    backend = CpuBackend()
+    cache = KVCache.allocate(backend, 1, slots, 2, capacity, 32)
+    cache.keys[...] = rng.standard_normal(cache.keys.shape).astype(np.float32)
+    cache.values[...] = rng.standard_normal(cache.values.shape).astype(np.float32)
+    return cache
+
+
+def test_kernel_mode_attention_agrees_with_blas_and_keeps_decode_rows_invariant() -> None:
+    rng = np.random.default_rng(1)
+    cache = _cache(rng, 6, 64)
+    kernels, blas = CpuBackend(kernels="exact", kernel_table={}), CpuBackend(kernels="blas")
+    # Three decode rows, a 4-row verify run and a prefill run longer than KERNEL_ROWS.
+    slots = np.asarray([0, 2, 5, 1, 3], dtype=np.int64)
+    starts = np.asarray([9, 30, 3, 12, 0], dtype=np.int64)
+    lengths = np.asarray([1, 1, 1, 4, KERNEL_ROWS + 3], dtype=np.int64)
+    plan = AttentionPlan.build(slots, starts, lengths)
+    q = rng.standard_normal((int(lengths.sum()), 4, 32)).astype(np.float32)
+    got = kernels.attention(q, cache, 0, plan)
+    np.testing.assert_allclose(got, blas.attention(q, cache, 0, plan), rtol=2e-5, atol=2e-6)
+    # Each decode row alone, and the verify run alone, give the same bits as inside the batch.
+    row = 0
+    for slot, start, length in zip(slots[:4], starts[:4], lengths[:4], strict=True):
+        alone_plan = AttentionPlan.build(np.asarray([slot]), np.asarray([start]), np.asarray([length]))
+        alone = kernels.attention(q[row : row + length], cache, 0, alone_plan)
+        assert (alone == got[row : row + length]).all()
+        row += int(length)
+    # A verify row equals the decode row of the same position.
+    decode_plan = AttentionPlan.build(np.asarray([1]), np.asarray([13]), np.asarray([1]))
+    verify_second_row = 3 + 1
+    decoded = kernels.attention(q[verify_second_row : verify_second_row + 1], cache, 0, decode_plan)
+    assert (decoded[0] == got[verify_second_row]).all()
