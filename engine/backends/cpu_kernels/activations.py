@@ -1,0 +1,48 @@
+"""llama.cpp's Q8 quantization of activation rows, per 32-block (quantize_row_q8_0_ref)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .bits import round_to_half
+
+QK = 32
+
+
+@njit(inline="always", cache=True)
+def _roundf(v):
+    """C roundf (halves away from zero), exactly as gguf's np_roundf computes it."""
+    a = abs(v)
+    floored = np.floor(a)
+    r = floored + np.floor(np.float32(2.0) * (a - floored))
+    return -r if v < 0 else r
+
+
+@njit(cache=True)
+def _quantize(x, xq, xs):
+    for b in range(x.shape[0]):
+        for k in range(x.shape[1] // QK):
+            amax = np.float32(0.0)
+            for j in range(k * QK, k * QK + QK):
+                amax = max(amax, abs(x[b, j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            xs[b, k] = round_to_half(d)
+            for j in range(k * QK, k * QK + QK):
+                xq[b, j] = np.int8(_roundf(x[b, j] * inv))
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize float32 rows x [B, in] (in a multiple of 32) per 32-block as llama.cpp's Q8_0 does.
+
+    Returns (xq int8 [B, in], xs float32 [B, in // 32]): xs = max|x| / 127 of the block rounded to half
+    precision (the block scale llama.cpp stores), xq = roundf(x * 127 / max|x|). Each row independently.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % QK:
+        raise ValueError(f"quantize_activations needs [B, in] with in a multiple of {QK}, got {x.shape}")
+    xq = np.empty(x.shape, np.int8)
+    xs = np.empty((x.shape[0], x.shape[1] // QK), np.float32)
+    _quantize(x, xq, xs)
+    return xq, xs

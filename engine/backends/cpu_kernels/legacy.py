@@ -1,0 +1,253 @@
+"""Kernels on raw GGUF blocks of the legacy 32-weight types: Q4_0, Q4_1, Q8_0.
+
+Block layouts (little-endian, ggml-common.h):
+    Q4_0: d f16, qs[16]          weight j = d * ((qs[j] & 15) - 8), weight j + 16 = d * ((qs[j] >> 4) - 8)
+    Q4_1: d f16, m f16, qs[16]   weight j = d * (qs[j] & 15) + m,   weight j + 16 = d * (qs[j] >> 4) + m
+    Q8_0: d f16, qs[32] int8     weight j = d * qs[j]
+
+matmul_exact decodes one weight row into a float32 scratch row (the same arithmetic as gguf's numpy
+dequantize, so the weights are bit-identical to it) while the row sits in L1, then takes its dot product
+with each activation row: the weights are read from memory once per call for all B rows.
+matmul_int8 works on integers inside a block (exact) and scales per block in float32.
+Batch invariance: threads split the output rows only (prange over tiles of rows); every out[b, o] is
+one call of the same dot routine on the same inputs, whatever B is and wherever row b sits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .bits import half_to_f32
+from .registry import QuantKernels
+
+QK = 32
+"""Weights per block."""
+TILE = 16
+"""Output rows per parallel work item (one scratch row allocated per item, not per row)."""
+
+_FAST = {"reassoc", "contract"}
+"""The dot products: LLVM may reassociate (vector lanes) and fuse. The order it picks depends only on
+the length of the row, never on B or on which row b is (one compiled loop, the same for every b)."""
+
+
+@njit(inline="always", cache=True, fastmath=_FAST)
+def dot_f32(w, x):
+    """Dot product of two float32 vectors of the same length, accumulated in float32."""
+    acc = np.float32(0.0)
+    for i in range(w.shape[0]):
+        acc += w[i] * x[i]
+    return acc
+
+
+@njit(inline="always", cache=True, fastmath=_FAST)
+def dot_i8(a, b, start, stop):
+    """Integer dot product of a[start:stop] and b[start:stop] (int8 weights or nibbles, int8 activations)."""
+    acc = np.int32(0)
+    for i in range(start, stop):
+        acc += np.int32(a[i]) * np.int32(b[i])
+    return acc
+
+
+# ---- dequantize one row (shared by matmul_exact and dequantize_rows; no fastmath: exact gguf arithmetic)
+
+
+@njit(inline="always", cache=True)
+def _q4_0_row(row, w):
+    for k in range(w.shape[0] // QK):
+        off = k * 18
+        d = half_to_f32(row[off], row[off + 1])
+        base = k * QK
+        for j in range(16):
+            q = row[off + 2 + j]
+            w[base + j] = d * np.float32(np.int32(q & 15) - 8)
+            w[base + 16 + j] = d * np.float32(np.int32(q >> 4) - 8)
+
+
+@njit(inline="always", cache=True)
+def _q4_1_row(row, w):
+    for k in range(w.shape[0] // QK):
+        off = k * 20
+        d = half_to_f32(row[off], row[off + 1])
+        m = half_to_f32(row[off + 2], row[off + 3])
+        base = k * QK
+        for j in range(16):
+            q = row[off + 4 + j]
+            w[base + j] = d * np.float32(q & 15) + m
+            w[base + 16 + j] = d * np.float32(q >> 4) + m
+
+
+@njit(inline="always", cache=True)
+def _q8_0_row(row, w):
+    qs = row.view(np.int8)
+    for k in range(w.shape[0] // QK):
+        off = k * 34
+        d = half_to_f32(row[off], row[off + 1])
+        base = k * QK
+        for j in range(QK):
+            w[base + j] = d * np.float32(qs[off + 2 + j])
+
+
+# ---- Q4_0
+
+
+@njit(cache=True, parallel=True, fastmath=_FAST)
+def q4_0_matmul_exact(blocks, x, out):
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_0 blocks; float32 accumulation."""
+    rows = blocks.shape[0]
+    n = x.shape[1]
+    for t in prange((rows + TILE - 1) // TILE):
+        w = np.empty(n, np.float32)
+        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
+            _q4_0_row(blocks[o], w)
+            for b in range(x.shape[0]):
+                out[b, o] = dot_f32(w, x[b])
+
+
+@njit(cache=True, parallel=True)
+def q4_0_dequantize_rows(blocks, start, stop, out):
+    """out[r - start] = row r of W as float32, exactly as gguf's dequantize."""
+    for r in prange(start, stop):
+        _q4_0_row(blocks[r], out[r - start])
+
+
+@njit(cache=True, parallel=True, fastmath=_FAST)
+def q4_0_matmul_int8(blocks, xq, xs, out):
+    """Q4_0 weights against int8 activations: per block d_w * xs * sum((q - 8) * xq)."""
+    rows = blocks.shape[0]
+    nb = xq.shape[1] // QK
+    for t in prange((rows + TILE - 1) // TILE):
+        qrow = np.empty(nb * QK, np.int8)
+        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
+            row = blocks[o]
+            for k in range(nb):
+                off = k * 18
+                for j in range(16):
+                    q = row[off + 2 + j]
+                    qrow[k * QK + j] = np.int8(np.int32(q & 15) - 8)
+                    qrow[k * QK + 16 + j] = np.int8(np.int32(q >> 4) - 8)
+            for b in range(xq.shape[0]):
+                acc = np.float32(0.0)
+                for k in range(nb):
+                    d = half_to_f32(row[k * 18], row[k * 18 + 1])
+                    acc += (d * xs[b, k]) * np.float32(dot_i8(qrow, xq[b], k * QK, k * QK + QK))
+                out[b, o] = acc
+
+
+# ---- Q4_1
+
+
+@njit(cache=True, parallel=True, fastmath=_FAST)
+def q4_1_matmul_exact(blocks, x, out):
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_1 blocks; float32 accumulation."""
+    rows = blocks.shape[0]
+    n = x.shape[1]
+    for t in prange((rows + TILE - 1) // TILE):
+        w = np.empty(n, np.float32)
+        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
+            _q4_1_row(blocks[o], w)
+            for b in range(x.shape[0]):
+                out[b, o] = dot_f32(w, x[b])
+
+
+@njit(cache=True, parallel=True)
+def q4_1_dequantize_rows(blocks, start, stop, out):
+    """out[r - start] = row r of W as float32, exactly as gguf's dequantize."""
+    for r in prange(start, stop):
+        _q4_1_row(blocks[r], out[r - start])
+
+
+@njit(cache=True, parallel=True, fastmath=_FAST)
+def q4_1_matmul_int8(blocks, xq, xs, out):
+    """Q4_1 weights against int8 activations: per block d_w * xs * sum(q * xq) + m_w * xs * sum(xq)."""
+    rows = blocks.shape[0]
+    B = xq.shape[0]
+    nb = xq.shape[1] // QK
+    # sum(xq) per block, once per call (llama.cpp's Q8_1 carries it in the block)
+    xsum = np.empty((B, nb), np.float32)
+    for b in range(B):
+        for k in range(nb):
+            xsum[b, k] = xs[b, k] * np.float32(_sum_i8(xq[b], k))
+    for t in prange((rows + TILE - 1) // TILE):
+        qrow = np.empty(nb * QK, np.uint8)
+        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
+            row = blocks[o]
+            for k in range(nb):
+                off = k * 20
+                for j in range(16):
+                    q = row[off + 4 + j]
+                    qrow[k * QK + j] = q & 15
+                    qrow[k * QK + 16 + j] = q >> 4
+            for b in range(B):
+                acc = np.float32(0.0)
+                for k in range(nb):
+                    d = half_to_f32(row[k * 20], row[k * 20 + 1])
+                    m = half_to_f32(row[k * 20 + 2], row[k * 20 + 3])
+                    acc += (d * xs[b, k]) * np.float32(dot_i8(qrow, xq[b], k * QK, k * QK + QK)) + m * xsum[
+                        b, k
+                    ]
+                out[b, o] = acc
+
+
+@njit(inline="always", cache=True)
+def _sum_i8(v, k):
+    s = np.int32(0)
+    for j in range(k * QK, k * QK + QK):
+        s += np.int32(v[j])
+    return s
+
+
+# ---- Q8_0
+
+
+@njit(cache=True, parallel=True, fastmath=_FAST)
+def q8_0_matmul_exact(blocks, x, out):
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q8_0 blocks; float32 accumulation."""
+    rows = blocks.shape[0]
+    n = x.shape[1]
+    for t in prange((rows + TILE - 1) // TILE):
+        w = np.empty(n, np.float32)
+        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
+            _q8_0_row(blocks[o], w)
+            for b in range(x.shape[0]):
+                out[b, o] = dot_f32(w, x[b])
+
+
+@njit(cache=True, parallel=True)
+def q8_0_dequantize_rows(blocks, start, stop, out):
+    """out[r - start] = row r of W as float32, exactly as gguf's dequantize."""
+    for r in prange(start, stop):
+        _q8_0_row(blocks[r], out[r - start])
+
+
+@njit(cache=True, parallel=True, fastmath=_FAST)
+def q8_0_matmul_int8(blocks, xq, xs, out):
+    """Q8_0 weights against int8 activations: per block d_w * xs * sum(q * xq)."""
+    rows = blocks.shape[0]
+    nb = xq.shape[1] // QK
+    for o in prange(rows):
+        row = blocks[o]
+        qs = row.view(np.int8)
+        for b in range(xq.shape[0]):
+            acc = np.float32(0.0)
+            for k in range(nb):
+                off = k * 34
+                d = half_to_f32(row[off], row[off + 1])
+                acc += (d * xs[b, k]) * np.float32(_dot_q8(qs, off + 2, xq[b], k * QK))
+            out[b, o] = acc
+
+
+@njit(inline="always", cache=True)
+def _dot_q8(qs, qoff, xq, xoff):
+    s = np.int32(0)
+    for j in range(QK):
+        s += np.int32(qs[qoff + j]) * np.int32(xq[xoff + j])
+    return s
+
+
+LEGACY_KERNELS: dict[str, QuantKernels] = {
+    "Q4_0": QuantKernels("Q4_0", QK, 18, q4_0_matmul_exact, q4_0_matmul_int8, q4_0_dequantize_rows),
+    "Q4_1": QuantKernels("Q4_1", QK, 20, q4_1_matmul_exact, q4_1_matmul_int8, q4_1_dequantize_rows),
+    "Q8_0": QuantKernels("Q8_0", QK, 34, q8_0_matmul_exact, q8_0_matmul_int8, q8_0_dequantize_rows),
+}
+"""The legacy 32-weight block types."""
