@@ -5,12 +5,13 @@ Block layouts (little-endian, ggml-common.h):
     Q4_1: d f16, m f16, qs[16]   weight j = d * (qs[j] & 15) + m,   weight j + 16 = d * (qs[j] >> 4) + m
     Q8_0: d f16, qs[32] int8     weight j = d * qs[j]
 
-matmul_exact decodes one weight row into a float32 scratch row (the same arithmetic as gguf's numpy
-dequantize, so the weights are bit-identical to it) while the row sits in L1, then takes its dot product
-with each activation row: the weights are read from memory once per call for all B rows.
+matmul_exact decodes each block in vector registers (simd.py) and uses it for up to 4 activation rows
+at once: the weights are read from memory once per call for all B rows. dequantize_rows uses the same
+arithmetic as gguf's numpy dequantize, so its weights are bit-identical to it.
 matmul_int8 works on integers inside a block (exact) and scales per block in float32.
-Batch invariance: threads split the output rows only (prange over tiles of rows); every out[b, o] is
-one call of the same dot routine on the same inputs, whatever B is and wherever row b sits.
+Batch invariance: threads split the output rows only (prange over rows); every out[b, o] goes through
+the same per-row arithmetic in the same order (simd.py) whether its activation row is computed alone or
+in a group of 2, 3 or 4, whatever B is and wherever row b sits.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from . import simd
 from .bits import half_to_f32
 from .registry import QuantKernels
 
@@ -91,17 +93,27 @@ def _q8_0_row(row, w):
 # ---- Q4_0
 
 
-@njit(cache=True, parallel=True, fastmath=_FAST)
+@njit(cache=True, parallel=True)
 def q4_0_matmul_exact(blocks, x, out):
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_0 blocks; float32 accumulation."""
-    rows = blocks.shape[0]
-    n = x.shape[1]
-    for t in prange((rows + TILE - 1) // TILE):
-        w = np.empty(n, np.float32)
-        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
-            _q4_0_row(blocks[o], w)
-            for b in range(x.shape[0]):
-                out[b, o] = dot_f32(w, x[b])
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_0 blocks: weights decoded in registers (simd.py),
+    float32 accumulation; activation rows in groups of 4 sharing each decoded block."""
+    batch = x.shape[0]
+    if batch == 1:
+        for o in prange(blocks.shape[0]):
+            (out[0, o],) = simd.q4_0_dot1(blocks[o], x, 0)
+        return
+    full = batch - batch % 4
+    rest = batch % 4
+    for o in prange(blocks.shape[0]):
+        row = blocks[o]
+        for b in range(0, full, 4):
+            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_0_dot4(row, x, b)
+        if rest == 1:
+            (out[full, o],) = simd.q4_0_dot1(row, x, full)
+        elif rest == 2:
+            out[full, o], out[full + 1, o] = simd.q4_0_dot2(row, x, full)
+        elif rest == 3:
+            out[full, o], out[full + 1, o], out[full + 2, o] = simd.q4_0_dot3(row, x, full)
 
 
 @njit(cache=True, parallel=True)
@@ -137,17 +149,27 @@ def q4_0_matmul_int8(blocks, xq, xs, out):
 # ---- Q4_1
 
 
-@njit(cache=True, parallel=True, fastmath=_FAST)
+@njit(cache=True, parallel=True)
 def q4_1_matmul_exact(blocks, x, out):
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_1 blocks; float32 accumulation."""
-    rows = blocks.shape[0]
-    n = x.shape[1]
-    for t in prange((rows + TILE - 1) // TILE):
-        w = np.empty(n, np.float32)
-        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
-            _q4_1_row(blocks[o], w)
-            for b in range(x.shape[0]):
-                out[b, o] = dot_f32(w, x[b])
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_1 blocks: weights decoded in registers (simd.py),
+    float32 accumulation; activation rows in groups of 4 sharing each decoded block."""
+    batch = x.shape[0]
+    if batch == 1:
+        for o in prange(blocks.shape[0]):
+            (out[0, o],) = simd.q4_1_dot1(blocks[o], x, 0)
+        return
+    full = batch - batch % 4
+    rest = batch % 4
+    for o in prange(blocks.shape[0]):
+        row = blocks[o]
+        for b in range(0, full, 4):
+            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_1_dot4(row, x, b)
+        if rest == 1:
+            (out[full, o],) = simd.q4_1_dot1(row, x, full)
+        elif rest == 2:
+            out[full, o], out[full + 1, o] = simd.q4_1_dot2(row, x, full)
+        elif rest == 3:
+            out[full, o], out[full + 1, o], out[full + 2, o] = simd.q4_1_dot3(row, x, full)
 
 
 @njit(cache=True, parallel=True)
@@ -200,17 +222,27 @@ def _sum_i8(v, k):
 # ---- Q8_0
 
 
-@njit(cache=True, parallel=True, fastmath=_FAST)
+@njit(cache=True, parallel=True)
 def q8_0_matmul_exact(blocks, x, out):
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q8_0 blocks; float32 accumulation."""
-    rows = blocks.shape[0]
-    n = x.shape[1]
-    for t in prange((rows + TILE - 1) // TILE):
-        w = np.empty(n, np.float32)
-        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
-            _q8_0_row(blocks[o], w)
-            for b in range(x.shape[0]):
-                out[b, o] = dot_f32(w, x[b])
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q8_0 blocks: weights decoded in registers (simd.py),
+    float32 accumulation; activation rows in groups of 4 sharing each decoded block."""
+    batch = x.shape[0]
+    if batch == 1:
+        for o in prange(blocks.shape[0]):
+            (out[0, o],) = simd.q8_0_dot1(blocks[o], x, 0)
+        return
+    full = batch - batch % 4
+    rest = batch % 4
+    for o in prange(blocks.shape[0]):
+        row = blocks[o]
+        for b in range(0, full, 4):
+            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q8_0_dot4(row, x, b)
+        if rest == 1:
+            (out[full, o],) = simd.q8_0_dot1(row, x, full)
+        elif rest == 2:
+            out[full, o], out[full + 1, o] = simd.q8_0_dot2(row, x, full)
+        elif rest == 3:
+            out[full, o], out[full + 1, o], out[full + 2, o] = simd.q8_0_dot3(row, x, full)
 
 
 @njit(cache=True, parallel=True)

@@ -1,0 +1,206 @@
+"""Row dot products on raw legacy blocks, written as LLVM vector IR (numba @intrinsic).
+
+Plain @njit loops over the bytes of a block get scalarised or gathered by LLVM; these emit the vector
+code directly. Each block's 16 nibble bytes are loaded as one <16 x i8>, split into the low nibbles
+(weights 0..15 of the block, against x[0:16]) and the high nibbles (weights 16..31, against x[16:32])
+by and/shift, widened to <16 x float>, and multiplied with the two halves of the activation block.
+
+The reduction order is written here and is the same for every row and every call: 16 float32 lanes,
+blocks in order, per block lane-wise  acc_d = fma(d, lo*x0 + hi*x1, acc_d)  (and for Q4_1
+acc_m = fma(m, x0 + x1, acc_m), i.e. d*dot(q, x) + m*sum(x) per block), each accumulator split in two
+chains taking alternate blocks (k % 2), then acc_d(even) + acc_d(odd) [+ acc_m(even) + acc_m(odd)] and
+the 16 lanes summed by a fixed tree. Nothing depends
+on B or on which activation row is passed, so a row's result is bit-identical alone or in any batch.
+LLVM selects the instructions for the host (AVX-512: one zmm per 16 lanes; AVX2: two ymm; otherwise
+SSE); the arithmetic and its order are the same on all of them.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+_I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
+_I64 = ir.IntType(64)
+_F32 = ir.FloatType()
+_V16I8 = ir.VectorType(_I8, 16)
+_V16F = ir.VectorType(_F32, 16)
+
+# block bytes, offset of the quants, scales (d only, or d and m), nibbles (True) or int8 (False)
+_LAYOUTS = {
+    "q4_0": (18, 2, False, True),
+    "q4_1": (20, 4, True, True),
+    "q8_0": (34, 2, False, False),
+}
+
+
+def _splat(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    vec = builder.insert_element(ir.Constant(_V16F, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(
+        vec, ir.Constant(_V16F, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), 16), None)
+    )
+
+
+def _load_half(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
+    bits = builder.load(builder.bitcast(ptr, _I16.as_pointer()), align=1)
+    return builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
+
+
+def _load_v16(builder: ir.IRBuilder, ptr: ir.Value, vty: ir.Type) -> ir.Value:
+    return builder.load(builder.bitcast(ptr, vty.as_pointer()), align=1)
+
+
+def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """a * b + c, one rounding (llvm.fma on <16 x float>)."""
+    module = builder.module
+    name = "llvm.fma.v16f32"
+    fn = module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(_V16F, [_V16F, _V16F, _V16F]), name)
+    return builder.call(fn, [a, b, c])
+
+
+def _sum_lanes(builder: ir.IRBuilder, vec: ir.Value) -> ir.Value:
+    """Sum of the 16 lanes by a fixed tree: lanes i and i + 8, then i and i + 4, i and i + 2, 0 and 1."""
+    width = 16
+    while width > 1:
+        half = width // 2
+        idx = ir.IntType(32)
+        low = builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(idx, half), list(range(half))))
+        high = builder.shuffle_vector(
+            vec, vec, ir.Constant(ir.VectorType(idx, half), list(range(half, width)))
+        )
+        vec = builder.fadd(low, high)
+        width = half
+    return builder.extract_element(vec, ir.Constant(ir.IntType(32), 0))
+
+
+def _rows_dot_codegen(kind: str, rows: int):
+    """IR for `rows` activation rows x[b0 .. b0 + rows - 1] against one weight row: the block is decoded
+    once and used for every activation row, each row with its own 16-lane accumulator (the arithmetic
+    of each row is exactly that of rows == 1)."""
+    block_bytes, quant_offset, has_min, nibbles = _LAYOUTS[kind]
+
+    def codegen(context, builder, signature, args):
+        row_ty, x_ty = signature.args[0], signature.args[1]
+        row = context.make_array(row_ty)(context, builder, args[0])
+        xa = context.make_array(x_ty)(context, builder, args[1])
+        b0 = args[2]
+        row_ptr = builder.bitcast(row.data, _I8.as_pointer())
+        n = builder.extract_value(xa.shape, 1)
+        x_base = builder.gep(builder.bitcast(xa.data, _F32.as_pointer()), [builder.mul(b0, n)])
+        x_rows = [builder.gep(x_base, [builder.mul(ir.Constant(_I64, r), n)]) for r in range(rows)]
+        n_blocks = builder.udiv(n, ir.Constant(_I64, 32))
+        zero = ir.Constant(_V16F, None)
+
+        entry = builder.block
+        loop = builder.append_basic_block("blocks")
+        done = builder.append_basic_block("reduce")
+        builder.cbranch(builder.icmp_unsigned(">", n_blocks, ir.Constant(_I64, 0)), loop, done)
+
+        builder.position_at_end(loop)
+        k = builder.phi(_I64)
+        # per activation row: two chains for d*dot(q, x) (and two for m*sum(x)), used by alternate blocks
+        # (block k goes to chain k % 2): a chain waits for one FMA every other block, not every block
+        chains = 4 if has_min else 2
+        accs = [[builder.phi(_V16F) for _ in range(chains)] for _ in range(rows)]
+        blk = builder.gep(row_ptr, [builder.mul(k, ir.Constant(_I64, block_bytes))])
+        d = _splat(builder, _load_half(builder, blk))
+        m = (
+            _splat(builder, _load_half(builder, builder.gep(blk, [ir.Constant(_I64, 2)])))
+            if has_min
+            else None
+        )
+        qp = builder.gep(blk, [ir.Constant(_I64, quant_offset)])
+        if nibbles:
+            q = _load_v16(builder, qp, _V16I8)
+            lo = builder.and_(q, ir.Constant(_V16I8, [15] * 16))
+            hi = builder.lshr(q, ir.Constant(_V16I8, [4] * 16))
+            if has_min:
+                w0 = builder.uitofp(lo, _V16F)
+                w1 = builder.uitofp(hi, _V16F)
+            else:  # Q4_0: q - 8, exact in int8
+                eight = ir.Constant(_V16I8, [8] * 16)
+                w0 = builder.sitofp(builder.sub(lo, eight), _V16F)
+                w1 = builder.sitofp(builder.sub(hi, eight), _V16F)
+        else:  # Q8_0: two runs of 16 signed bytes
+            w0 = builder.sitofp(_load_v16(builder, qp, _V16I8), _V16F)
+            w1 = builder.sitofp(_load_v16(builder, builder.gep(qp, [ir.Constant(_I64, 16)]), _V16I8), _V16F)
+        offset = builder.mul(k, ir.Constant(_I64, 32))
+        new_accs = []
+        for r in range(rows):
+            xb = builder.gep(x_rows[r], [offset])
+            x0 = _load_v16(builder, xb, _V16F)
+            x1 = _load_v16(builder, builder.gep(xb, [ir.Constant(_I64, 16)]), _V16F)
+            part = _fma(builder, w1, x1, builder.fmul(w0, x0))
+            new = [_fma(builder, d, part, accs[r][0])]
+            if has_min:
+                new.append(_fma(builder, m, builder.fadd(x0, x1), accs[r][2]))
+            new_accs.append(new)
+        k_next = builder.add(k, ir.Constant(_I64, 1))
+        loop_end = builder.block
+        builder.cbranch(builder.icmp_unsigned("<", k_next, n_blocks), loop, done)
+        k.add_incoming(ir.Constant(_I64, 0), entry)
+        k.add_incoming(k_next, loop_end)
+        for r in range(rows):
+            for pair in range(chains // 2):  # rotate: (first, second) <- (second, new)
+                first, second = accs[r][2 * pair], accs[r][2 * pair + 1]
+                for phi in (first, second):
+                    phi.add_incoming(zero, entry)
+                first.add_incoming(second, loop_end)
+                second.add_incoming(new_accs[r][pair], loop_end)
+
+        builder.position_at_end(done)
+        finals = []
+        for r in range(rows):  # every phi first, at the top of the block
+            row_finals = []
+            for pair in range(chains // 2):
+                for value in (accs[r][2 * pair + 1], new_accs[r][pair]):
+                    phi = builder.phi(_V16F)
+                    phi.add_incoming(zero, entry)
+                    phi.add_incoming(value, loop_end)
+                    row_finals.append(phi)
+            finals.append(row_finals)
+        results = []
+        for row_finals in finals:
+            total = builder.fadd(row_finals[0], row_finals[1])
+            if has_min:
+                total = builder.fadd(total, builder.fadd(row_finals[2], row_finals[3]))
+            results.append(_sum_lanes(builder, total))
+        return context.make_tuple(builder, signature.return_type, results)
+
+    return codegen
+
+
+def _check(row, x, b0):
+    return (
+        isinstance(row, types.Array)
+        and row.dtype == types.uint8
+        and row.ndim == 1
+        and row.layout == "C"
+        and isinstance(x, types.Array)
+        and x.dtype == types.float32
+        and x.ndim == 2
+        and x.layout == "C"
+        and isinstance(b0, types.Integer)
+    )
+
+
+def _make(kind: str, rows: int):
+    def typer(typingctx, row, x, b0):
+        if not _check(row, x, b0):
+            return None
+        return types.UniTuple(types.float32, rows)(row, x, types.int64), _rows_dot_codegen(kind, rows)
+
+    typer.__name__ = f"{kind}_dot{rows}"
+    typer.__doc__ = f"""(row uint8 [row_bytes], x float32 [B, n], b0) -> the {rows} dot products of the
+    {kind.upper()} weight row with x[b0], ..., x[b0 + {rows - 1}] (n a multiple of 32)."""
+    return intrinsic(typer)
+
+
+# 1 to 4 activation rows per call: with 4 rows of 4 Q4_1 chains every accumulator stays in a register
+q4_0_dot1, q4_0_dot2, q4_0_dot3, q4_0_dot4 = (_make("q4_0", r) for r in (1, 2, 3, 4))
+q4_1_dot1, q4_1_dot2, q4_1_dot3, q4_1_dot4 = (_make("q4_1", r) for r in (1, 2, 3, 4))
+q8_0_dot1, q8_0_dot2, q8_0_dot3, q8_0_dot4 = (_make("q8_0", r) for r in (1, 2, 3, 4))

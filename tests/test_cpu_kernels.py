@@ -1,0 +1,181 @@
+"""The numba CPU kernels on raw GGUF blocks (engine/backends/cpu_kernels, contract in KERNELS.md):
+precision against the float64 dequantized reference, dequantize_rows == gguf's dequantize, batch
+invariance (a row's result is bit-identical alone or anywhere in a batch of 1..16), activation
+quantization == llama.cpp's Q8_0, and every feature path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from infer.engine.backends.cpu_kernels import KERNELS, cpu_features, quantize_activations
+
+TYPES = ("Q4_0", "Q4_1", "Q8_0", "F16", "BF16", "F32")
+INT8_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+ROWS, COLS = 67, 192  # odd row count (uneven split over threads), 6 blocks of 32
+
+
+def make_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw GGUF bytes [rows, row_bytes] of random weights (gguf's own quantizer where it has one)."""
+    weights = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 2.0, size=(rows, 1))).astype(np.float32)
+    qtype = GGMLQuantizationType[type_name]
+    if type_name == "F32":
+        return weights.view(np.uint8)
+    if type_name == "F16":
+        return weights.astype(np.float16).view(np.uint8)
+    return np.ascontiguousarray(gguf_quants.quantize(weights, qtype))
+
+
+def dequantized(type_name: str, blocks: np.ndarray) -> np.ndarray:
+    """gguf's numpy dequantize: the float32 weights [rows, cols]."""
+    return gguf_quants.dequantize(blocks, GGMLQuantizationType[type_name])
+
+
+def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
+    """max |got - ref| / max |ref|."""
+    return float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())
+
+
+def activations(batch: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """float32 rows with a spread of magnitudes per 32-block (as hidden states have)."""
+    scale = rng.uniform(0.05, 5.0, size=(batch, cols // 32, 1))
+    return (rng.standard_normal((batch, cols // 32, 32)) * scale).reshape(batch, cols).astype(np.float32)
+
+
+def dequantized_activations(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """float64 values of quantized activations."""
+    batch, cols = xq.shape
+    return (xq.astype(np.float64).reshape(batch, -1, 32) * xs.astype(np.float64)[..., None]).reshape(
+        batch, cols
+    )
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(14)
+    return {name: make_blocks(name, ROWS, COLS, rng) for name in TYPES}
+
+
+def test_registry_covers_the_types_with_gguf_block_sizes() -> None:
+    for name in TYPES:
+        kernels = KERNELS[name]
+        elements, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+        assert (kernels.type_name, kernels.block_elements, kernels.block_bytes) == (name, elements, nbytes)
+        assert (kernels.matmul_int8 is not None) == (name in INT8_TYPES)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_exact_matches_float64_reference_for_every_batch_size(type_name, weights) -> None:
+    blocks = weights[type_name]
+    ref_weights = dequantized(type_name, blocks).astype(np.float64)
+    rng = np.random.default_rng(1)
+    for batch in range(1, 17):
+        x = activations(batch, COLS, rng)
+        out = np.full((batch, ROWS), np.nan, np.float32)
+        KERNELS[type_name].matmul_exact(blocks, x, out)
+        assert relative_error(out, x.astype(np.float64) @ ref_weights.T) <= 1e-5, batch
+
+
+@pytest.mark.parametrize("type_name", INT8_TYPES)
+def test_int8_matches_both_references_for_every_batch_size(type_name, weights) -> None:
+    blocks = weights[type_name]
+    ref_weights = dequantized(type_name, blocks).astype(np.float64)
+    rng = np.random.default_rng(2)
+    for batch in range(1, 17):
+        x = activations(batch, COLS, rng)
+        xq, xs = quantize_activations(x)
+        out = np.full((batch, ROWS), np.nan, np.float32)
+        KERNELS[type_name].matmul_int8(blocks, xq, xs, out)
+        assert relative_error(out, x.astype(np.float64) @ ref_weights.T) <= 2e-2, batch
+        same_quantization = dequantized_activations(xq, xs) @ ref_weights.T
+        assert relative_error(out, same_quantization) <= 1e-5, batch
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_dequantize_rows_equals_gguf_bit_for_bit(type_name, weights) -> None:
+    blocks = weights[type_name]
+    ref = dequantized(type_name, blocks)
+    for start, stop in ((0, ROWS), (5, 6), (13, 50)):
+        out = np.full((stop - start, COLS), np.nan, np.float32)
+        KERNELS[type_name].dequantize_rows(blocks, start, stop, out)
+        assert np.array_equal(out.view(np.uint32), ref[start:stop].view(np.uint32)), (start, stop)
+
+
+def _kernel_call(type_name: str, precision: str, blocks: np.ndarray, x: np.ndarray) -> np.ndarray:
+    out = np.full((x.shape[0], blocks.shape[0]), np.nan, np.float32)
+    if precision == "exact":
+        KERNELS[type_name].matmul_exact(blocks, x, out)
+    else:
+        KERNELS[type_name].matmul_int8(blocks, *quantize_activations(x), out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("type_name", "precision"), [(t, "exact") for t in TYPES] + [(t, "int8") for t in INT8_TYPES]
+)
+def test_batch_invariance_row_alone_equals_row_in_any_batch(type_name, precision, weights) -> None:
+    blocks = weights[type_name]
+    rng = np.random.default_rng(3)
+    pool = activations(16, COLS, rng)
+    alone = np.concatenate([_kernel_call(type_name, precision, blocks, pool[i : i + 1]) for i in range(16)])
+    for _ in range(24):
+        batch = int(rng.integers(1, 17))
+        picks = rng.choice(16, size=batch, replace=False)
+        together = _kernel_call(type_name, precision, blocks, np.ascontiguousarray(pool[picks]))
+        assert np.array_equal(together.view(np.uint32), alone[picks].view(np.uint32)), (batch, picks)
+
+
+def test_kernels_accept_a_memory_mapped_file(tmp_path, weights) -> None:
+    blocks = weights["Q4_1"]
+    path = tmp_path / "blocks.bin"
+    blocks.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r", shape=blocks.shape)
+    x = activations(3, COLS, np.random.default_rng(4))
+    assert np.array_equal(_kernel_call("Q4_1", "exact", mapped, x), _kernel_call("Q4_1", "exact", blocks, x))
+
+
+def test_quantize_activations_equals_gguf_q8_0() -> None:
+    rng = np.random.default_rng(5)
+    x = activations(7, 256, rng)
+    x[0, :32] = 0.0  # an all-zero block: scale 0, quants 0
+    x[1, 32:64] = np.linspace(-4.0, 4.0, 32, dtype=np.float32)  # includes exact .5 multiples
+    xq, xs = quantize_activations(x)
+    ref = gguf_quants.quantize(x, GGMLQuantizationType.Q8_0).reshape(7, -1, 34)
+    assert np.array_equal(xq, ref[..., 2:].copy().view(np.int8).reshape(7, 256))
+    assert np.array_equal(xs, ref[..., :2].copy().view(np.float16).astype(np.float32).reshape(7, -1))
+    assert not xs[0, 0] and not xq[0, :32].any()
+
+
+def test_quantize_activations_rejects_a_ragged_width() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_activations(np.zeros((2, 40), np.float32))
+
+
+def test_half_and_bfloat16_conversions_cover_every_bit_pattern() -> None:
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    f16_blocks = every.view(np.uint8).reshape(1, -1)
+    out = np.empty((1, 65536), np.float32)
+    KERNELS["F16"].dequantize_rows(f16_blocks, 0, 1, out)
+    ref = every.view(np.float16).astype(np.float32)
+    finite = np.isfinite(ref) | np.isinf(ref)
+    assert np.array_equal(out[0, finite].view(np.uint32), ref[finite].view(np.uint32))
+    assert np.isnan(out[0, ~finite]).all()  # NaN payloads may be quieted
+    KERNELS["BF16"].dequantize_rows(f16_blocks, 0, 1, out)
+    assert np.array_equal(out[0].view(np.uint32), every.astype(np.uint32) << 16)
+
+
+def test_cpu_features_agree_with_proc_cpuinfo() -> None:
+    features = cpu_features()
+    assert features.best in ("avx512_vnni", "avx_vnni", "avx2", "portable")
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), None)
+    except OSError:
+        flags = None
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo flags")
+    assert features.avx2 == ("avx2" in flags and "fma" in flags)
+    assert features.avx512_vnni == ("avx512_vnni" in flags and "avx512bw" in flags)
+    assert features.avx_vnni == ("avx_vnni" in flags)
