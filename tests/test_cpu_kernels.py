@@ -10,7 +10,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from infer.engine.backends.cpu_kernels import KERNELS, cpu_features, quantize_activations
+from infer.engine.backends.cpu_kernels import KERNELS, cpu_features, legacy, quantize_activations, simd_int8
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0", "F16", "BF16", "F32")
 INT8_TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -179,3 +179,33 @@ def test_cpu_features_agree_with_proc_cpuinfo() -> None:
     assert features.avx2 == ("avx2" in flags and "fma" in flags)
     assert features.avx512_vnni == ("avx512_vnni" in flags and "avx512bw" in flags)
     assert features.avx_vnni == ("avx_vnni" in flags)
+
+
+@pytest.mark.parametrize("type_name", INT8_TYPES)
+def test_every_int8_path_gives_the_same_bits_and_passes_precision(type_name, weights) -> None:
+    """Run each int8 path explicitly (vpdpbusd, vpmaddubsw, portable widening) even where a better one
+    exists; a path the host lacks compiles as portable, so it must still agree."""
+    blocks = weights[type_name]
+    kernel = getattr(legacy, f"{type_name.lower()}_matmul_int8_path")
+    ref_weights = dequantized(type_name, blocks).astype(np.float64)
+    rng = np.random.default_rng(6)
+    for batch in (1, 3, 4, 9, 16):
+        x = activations(batch, COLS, rng)
+        xq, xs = quantize_activations(x)
+        results = []
+        for path in (simd_int8.PORTABLE, simd_int8.AVX2, simd_int8.VNNI):
+            out = np.full((batch, ROWS), np.nan, np.float32)
+            kernel(blocks, xq, xs, out, path)
+            assert relative_error(out, dequantized_activations(xq, xs) @ ref_weights.T) <= 1e-5, path
+            results.append(out)
+        for out in results[1:]:
+            assert np.array_equal(out.view(np.uint32), results[0].view(np.uint32))
+
+
+def test_int8_paths_follow_cpu_features() -> None:
+    features = cpu_features()
+    paths = simd_int8.available_paths()
+    assert paths[0] == simd_int8.PORTABLE
+    assert (simd_int8.AVX2 in paths) == features.avx2
+    assert (simd_int8.VNNI in paths) == (features.avx512_vnni or features.avx_vnni)
+    assert paths[-1] == legacy.INT8_PATH

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import simd
+from . import simd, simd_int8
 from .bits import half_to_f32
 from .registry import QuantKernels
 
@@ -27,6 +27,9 @@ QK = 32
 """Weights per block."""
 TILE = 16
 """Output rows per parallel work item (one scratch row allocated per item, not per row)."""
+
+INT8_PATH = simd_int8.available_paths()[-1]
+"""The int8 path the public int8 kernels use: the best this host has (VNNI > AVX2 > portable)."""
 
 _FAST = {"reassoc", "contract"}
 """The dot products: LLVM may reassociate (vector lanes) and fuse. The order it picks depends only on
@@ -42,13 +45,19 @@ def dot_f32(w, x):
     return acc
 
 
-@njit(inline="always", cache=True, fastmath=_FAST)
-def dot_i8(a, b, start, stop):
-    """Integer dot product of a[start:stop] and b[start:stop] (int8 weights or nibbles, int8 activations)."""
-    acc = np.int32(0)
-    for i in range(start, stop):
-        acc += np.int32(a[i]) * np.int32(b[i])
-    return acc
+@njit(cache=True)
+def activation_lane_sums(xq):
+    """int32 [B, in // 4]: sums of each 4 consecutive int8 activations (the int8 kernels' corrections)."""
+    xl = np.empty((xq.shape[0], xq.shape[1] // 4), np.int32)
+    for b in range(xq.shape[0]):
+        for j in range(xq.shape[1] // 4):
+            xl[b, j] = (
+                np.int32(xq[b, 4 * j])
+                + np.int32(xq[b, 4 * j + 1])
+                + np.int32(xq[b, 4 * j + 2])
+                + np.int32(xq[b, 4 * j + 3])
+            )
+    return xl
 
 
 # ---- dequantize one row (shared by matmul_exact and dequantize_rows; no fastmath: exact gguf arithmetic)
@@ -123,27 +132,41 @@ def q4_0_dequantize_rows(blocks, start, stop, out):
         _q4_0_row(blocks[r], out[r - start])
 
 
-@njit(cache=True, parallel=True, fastmath=_FAST)
-def q4_0_matmul_int8(blocks, xq, xs, out):
-    """Q4_0 weights against int8 activations: per block d_w * xs * sum((q - 8) * xq)."""
-    rows = blocks.shape[0]
-    nb = xq.shape[1] // QK
-    for t in prange((rows + TILE - 1) // TILE):
-        qrow = np.empty(nb * QK, np.int8)
-        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
-            row = blocks[o]
-            for k in range(nb):
-                off = k * 18
-                for j in range(16):
-                    q = row[off + 2 + j]
-                    qrow[k * QK + j] = np.int8(np.int32(q & 15) - 8)
-                    qrow[k * QK + 16 + j] = np.int8(np.int32(q >> 4) - 8)
-            for b in range(xq.shape[0]):
-                acc = np.float32(0.0)
-                for k in range(nb):
-                    d = half_to_f32(row[k * 18], row[k * 18 + 1])
-                    acc += (d * xs[b, k]) * np.float32(dot_i8(qrow, xq[b], k * QK, k * QK + QK))
-                out[b, o] = acc
+@njit(cache=True, parallel=True)
+def q4_0_matmul_int8_path(blocks, xq, xs, out, path):
+    """Q4_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
+    every path gives the same bits)."""
+    xl = activation_lane_sums(xq)
+    batch = xq.shape[0]
+    full = batch - batch % 4
+    for o in prange(blocks.shape[0]):
+        row = blocks[o]
+        if path == simd_int8.VNNI:
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_0_vnni4(
+                    row, xq, xl, xs, b
+                )
+            for b in range(full, batch):
+                (out[b, o],) = simd_int8.q4_0_vnni1(row, xq, xl, xs, b)
+        elif path == simd_int8.AVX2:
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_0_avx24(
+                    row, xq, xl, xs, b
+                )
+            for b in range(full, batch):
+                (out[b, o],) = simd_int8.q4_0_avx21(row, xq, xl, xs, b)
+        else:
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_0_portable4(
+                    row, xq, xl, xs, b
+                )
+            for b in range(full, batch):
+                (out[b, o],) = simd_int8.q4_0_portable1(row, xq, xl, xs, b)
+
+
+def q4_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
+    """Q4_0 weights against int8 activations (quantize_activations) through the host's best int8 path."""
+    q4_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
 
 
 # ---- Q4_1
@@ -179,44 +202,41 @@ def q4_1_dequantize_rows(blocks, start, stop, out):
         _q4_1_row(blocks[r], out[r - start])
 
 
-@njit(cache=True, parallel=True, fastmath=_FAST)
-def q4_1_matmul_int8(blocks, xq, xs, out):
-    """Q4_1 weights against int8 activations: per block d_w * xs * sum(q * xq) + m_w * xs * sum(xq)."""
-    rows = blocks.shape[0]
-    B = xq.shape[0]
-    nb = xq.shape[1] // QK
-    # sum(xq) per block, once per call (llama.cpp's Q8_1 carries it in the block)
-    xsum = np.empty((B, nb), np.float32)
-    for b in range(B):
-        for k in range(nb):
-            xsum[b, k] = xs[b, k] * np.float32(_sum_i8(xq[b], k))
-    for t in prange((rows + TILE - 1) // TILE):
-        qrow = np.empty(nb * QK, np.uint8)
-        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
-            row = blocks[o]
-            for k in range(nb):
-                off = k * 20
-                for j in range(16):
-                    q = row[off + 4 + j]
-                    qrow[k * QK + j] = q & 15
-                    qrow[k * QK + 16 + j] = q >> 4
-            for b in range(B):
-                acc = np.float32(0.0)
-                for k in range(nb):
-                    d = half_to_f32(row[k * 20], row[k * 20 + 1])
-                    m = half_to_f32(row[k * 20 + 2], row[k * 20 + 3])
-                    acc += (d * xs[b, k]) * np.float32(dot_i8(qrow, xq[b], k * QK, k * QK + QK)) + m * xsum[
-                        b, k
-                    ]
-                out[b, o] = acc
+@njit(cache=True, parallel=True)
+def q4_1_matmul_int8_path(blocks, xq, xs, out, path):
+    """Q4_1 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
+    every path gives the same bits)."""
+    xl = activation_lane_sums(xq)
+    batch = xq.shape[0]
+    full = batch - batch % 4
+    for o in prange(blocks.shape[0]):
+        row = blocks[o]
+        if path == simd_int8.VNNI:
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_1_vnni4(
+                    row, xq, xl, xs, b
+                )
+            for b in range(full, batch):
+                (out[b, o],) = simd_int8.q4_1_vnni1(row, xq, xl, xs, b)
+        elif path == simd_int8.AVX2:
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_1_avx24(
+                    row, xq, xl, xs, b
+                )
+            for b in range(full, batch):
+                (out[b, o],) = simd_int8.q4_1_avx21(row, xq, xl, xs, b)
+        else:
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_1_portable4(
+                    row, xq, xl, xs, b
+                )
+            for b in range(full, batch):
+                (out[b, o],) = simd_int8.q4_1_portable1(row, xq, xl, xs, b)
 
 
-@njit(inline="always", cache=True)
-def _sum_i8(v, k):
-    s = np.int32(0)
-    for j in range(k * QK, k * QK + QK):
-        s += np.int32(v[j])
-    return s
+def q4_1_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
+    """Q4_1 weights against int8 activations (quantize_activations) through the host's best int8 path."""
+    q4_1_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
 
 
 # ---- Q8_0
@@ -252,29 +272,41 @@ def q8_0_dequantize_rows(blocks, start, stop, out):
         _q8_0_row(blocks[r], out[r - start])
 
 
-@njit(cache=True, parallel=True, fastmath=_FAST)
-def q8_0_matmul_int8(blocks, xq, xs, out):
-    """Q8_0 weights against int8 activations: per block d_w * xs * sum(q * xq)."""
-    rows = blocks.shape[0]
-    nb = xq.shape[1] // QK
-    for o in prange(rows):
+@njit(cache=True, parallel=True)
+def q8_0_matmul_int8_path(blocks, xq, xs, out, path):
+    """Q8_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
+    every path gives the same bits)."""
+    xl = activation_lane_sums(xq)
+    batch = xq.shape[0]
+    full = batch - batch % 4
+    for o in prange(blocks.shape[0]):
         row = blocks[o]
-        qs = row.view(np.int8)
-        for b in range(xq.shape[0]):
-            acc = np.float32(0.0)
-            for k in range(nb):
-                off = k * 34
-                d = half_to_f32(row[off], row[off + 1])
-                acc += (d * xs[b, k]) * np.float32(_dot_q8(qs, off + 2, xq[b], k * QK))
-            out[b, o] = acc
+        if path == simd_int8.VNNI:
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q8_0_vnni4(
+                    row, xq, xl, xs, b
+                )
+            for b in range(full, batch):
+                (out[b, o],) = simd_int8.q8_0_vnni1(row, xq, xl, xs, b)
+        elif path == simd_int8.AVX2:
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q8_0_avx24(
+                    row, xq, xl, xs, b
+                )
+            for b in range(full, batch):
+                (out[b, o],) = simd_int8.q8_0_avx21(row, xq, xl, xs, b)
+        else:
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q8_0_portable4(
+                    row, xq, xl, xs, b
+                )
+            for b in range(full, batch):
+                (out[b, o],) = simd_int8.q8_0_portable1(row, xq, xl, xs, b)
 
 
-@njit(inline="always", cache=True)
-def _dot_q8(qs, qoff, xq, xoff):
-    s = np.int32(0)
-    for j in range(QK):
-        s += np.int32(qs[qoff + j]) * np.int32(xq[xoff + j])
-    return s
+def q8_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
+    """Q8_0 weights against int8 activations (quantize_activations) through the host's best int8 path."""
+    q8_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
 
 
 LEGACY_KERNELS: dict[str, QuantKernels] = {

@@ -36,45 +36,52 @@ _LAYOUTS = {
 }
 
 
-def _splat(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    vec = builder.insert_element(ir.Constant(_V16F, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(
-        vec, ir.Constant(_V16F, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), 16), None)
-    )
+def splat(builder: ir.IRBuilder, value: ir.Value, width: int = 16) -> ir.Value:
+    """<width x float> with every lane = value."""
+    vty = ir.VectorType(_F32, width)
+    vec = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), width), None)
+    return builder.shuffle_vector(vec, ir.Constant(vty, ir.Undefined), mask)
 
 
-def _load_half(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
+def load_half(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
+    """float32 value of the IEEE half at byte pointer ptr (unaligned)."""
     bits = builder.load(builder.bitcast(ptr, _I16.as_pointer()), align=1)
     return builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
 
 
-def _load_v16(builder: ir.IRBuilder, ptr: ir.Value, vty: ir.Type) -> ir.Value:
+def load_vec(builder: ir.IRBuilder, ptr: ir.Value, vty: ir.Type) -> ir.Value:
+    """Unaligned vector load of type vty at ptr."""
     return builder.load(builder.bitcast(ptr, vty.as_pointer()), align=1)
 
 
-def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
-    """a * b + c, one rounding (llvm.fma on <16 x float>)."""
+def call_intrinsic(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    """Call the LLVM intrinsic `name` (declared once per module)."""
     module = builder.module
-    name = "llvm.fma.v16f32"
     fn = module.globals.get(name)
     if fn is None:
-        fn = ir.Function(module, ir.FunctionType(_V16F, [_V16F, _V16F, _V16F]), name)
-    return builder.call(fn, [a, b, c])
+        fn = ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
 
 
-def _sum_lanes(builder: ir.IRBuilder, vec: ir.Value) -> ir.Value:
-    """Sum of the 16 lanes by a fixed tree: lanes i and i + 8, then i and i + 4, i and i + 2, 0 and 1."""
-    width = 16
+def fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """a * b + c lane-wise, one rounding (llvm.fma on <N x float>)."""
+    return call_intrinsic(builder, f"llvm.fma.v{a.type.count}f32", a.type, [a, b, c])
+
+
+def sum_lanes(builder: ir.IRBuilder, vec: ir.Value) -> ir.Value:
+    """Sum of the lanes by a fixed tree: lanes i and i + N/2, then i and i + N/4, ..., then 0 and 1."""
+    width = vec.type.count
+    idx = ir.IntType(32)
     while width > 1:
         half = width // 2
-        idx = ir.IntType(32)
         low = builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(idx, half), list(range(half))))
         high = builder.shuffle_vector(
             vec, vec, ir.Constant(ir.VectorType(idx, half), list(range(half, width)))
         )
         vec = builder.fadd(low, high)
         width = half
-    return builder.extract_element(vec, ir.Constant(ir.IntType(32), 0))
+    return builder.extract_element(vec, ir.Constant(idx, 0))
 
 
 def _rows_dot_codegen(kind: str, rows: int):
@@ -107,15 +114,11 @@ def _rows_dot_codegen(kind: str, rows: int):
         chains = 4 if has_min else 2
         accs = [[builder.phi(_V16F) for _ in range(chains)] for _ in range(rows)]
         blk = builder.gep(row_ptr, [builder.mul(k, ir.Constant(_I64, block_bytes))])
-        d = _splat(builder, _load_half(builder, blk))
-        m = (
-            _splat(builder, _load_half(builder, builder.gep(blk, [ir.Constant(_I64, 2)])))
-            if has_min
-            else None
-        )
+        d = splat(builder, load_half(builder, blk))
+        m = splat(builder, load_half(builder, builder.gep(blk, [ir.Constant(_I64, 2)]))) if has_min else None
         qp = builder.gep(blk, [ir.Constant(_I64, quant_offset)])
         if nibbles:
-            q = _load_v16(builder, qp, _V16I8)
+            q = load_vec(builder, qp, _V16I8)
             lo = builder.and_(q, ir.Constant(_V16I8, [15] * 16))
             hi = builder.lshr(q, ir.Constant(_V16I8, [4] * 16))
             if has_min:
@@ -126,18 +129,18 @@ def _rows_dot_codegen(kind: str, rows: int):
                 w0 = builder.sitofp(builder.sub(lo, eight), _V16F)
                 w1 = builder.sitofp(builder.sub(hi, eight), _V16F)
         else:  # Q8_0: two runs of 16 signed bytes
-            w0 = builder.sitofp(_load_v16(builder, qp, _V16I8), _V16F)
-            w1 = builder.sitofp(_load_v16(builder, builder.gep(qp, [ir.Constant(_I64, 16)]), _V16I8), _V16F)
+            w0 = builder.sitofp(load_vec(builder, qp, _V16I8), _V16F)
+            w1 = builder.sitofp(load_vec(builder, builder.gep(qp, [ir.Constant(_I64, 16)]), _V16I8), _V16F)
         offset = builder.mul(k, ir.Constant(_I64, 32))
         new_accs = []
         for r in range(rows):
             xb = builder.gep(x_rows[r], [offset])
-            x0 = _load_v16(builder, xb, _V16F)
-            x1 = _load_v16(builder, builder.gep(xb, [ir.Constant(_I64, 16)]), _V16F)
-            part = _fma(builder, w1, x1, builder.fmul(w0, x0))
-            new = [_fma(builder, d, part, accs[r][0])]
+            x0 = load_vec(builder, xb, _V16F)
+            x1 = load_vec(builder, builder.gep(xb, [ir.Constant(_I64, 16)]), _V16F)
+            part = fma(builder, w1, x1, builder.fmul(w0, x0))
+            new = [fma(builder, d, part, accs[r][0])]
             if has_min:
-                new.append(_fma(builder, m, builder.fadd(x0, x1), accs[r][2]))
+                new.append(fma(builder, m, builder.fadd(x0, x1), accs[r][2]))
             new_accs.append(new)
         k_next = builder.add(k, ir.Constant(_I64, 1))
         loop_end = builder.block
@@ -168,7 +171,7 @@ def _rows_dot_codegen(kind: str, rows: int):
             total = builder.fadd(row_finals[0], row_finals[1])
             if has_min:
                 total = builder.fadd(total, builder.fadd(row_finals[2], row_finals[3]))
-            results.append(_sum_lanes(builder, total))
+            results.append(sum_lanes(builder, total))
         return context.make_tuple(builder, signature.return_type, results)
 
     return codegen
