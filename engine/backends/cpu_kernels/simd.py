@@ -3,16 +3,18 @@
 Plain @njit loops over the bytes of a block get scalarised or gathered by LLVM; these emit the vector
 code directly. Each block's 16 nibble bytes are loaded as one <16 x i8>, split into the low nibbles
 (weights 0..15 of the block, against x[0:16]) and the high nibbles (weights 16..31, against x[16:32])
-by and/shift, widened to <16 x float>, and multiplied with the two halves of the activation block.
+by and/shift, widened to <16 x float> and dequantized in registers (Q4_1: fma(d, q, m); Q4_0:
+d * (q - 8); Q8_0: d * q). One decoded block serves 1 to 4 activation rows.
 
-The reduction order is written here and is the same for every row and every call: 16 float32 lanes,
-blocks in order, per block lane-wise  acc_d = fma(d, lo*x0 + hi*x1, acc_d)  (and for Q4_1
-acc_m = fma(m, x0 + x1, acc_m), i.e. d*dot(q, x) + m*sum(x) per block), each accumulator split in two
-chains taking alternate blocks (k % 2), then acc_d(even) + acc_d(odd) [+ acc_m(even) + acc_m(odd)] and
-the 16 lanes summed by a fixed tree. Nothing depends
-on B or on which activation row is passed, so a row's result is bit-identical alone or in any batch.
-LLVM selects the instructions for the host (AVX-512: one zmm per 16 lanes; AVX2: two ymm; otherwise
-SSE); the arithmetic and its order are the same on all of them.
+The reduction order is written here and is the same for every row and every call: per activation row
+four 16-lane float32 accumulators, low halves and high halves of the blocks each in two chains taking
+alternate blocks (k % 2), acc = fma(w, x, acc); then (low even + low odd) + (high even + high odd) and
+the 16 lanes summed by a fixed tree. Nothing depends on B or on the other rows of a group, so a row's
+result is bit-identical alone or in any batch. LLVM selects the instructions for the host (AVX-512: one
+zmm per 16 lanes; AVX2: two ymm; otherwise SSE); the arithmetic and its order are the same on all.
+
+numba's cache tracks only the source file of the cached function (legacy.py), not this one: after
+editing this file, touch legacy.py (or clear its __pycache__) so the kernels are recompiled.
 """
 
 from __future__ import annotations
@@ -85,8 +87,8 @@ def sum_lanes(builder: ir.IRBuilder, vec: ir.Value) -> ir.Value:
 
 
 def _rows_dot_codegen(kind: str, rows: int):
-    """IR for `rows` activation rows x[b0 .. b0 + rows - 1] against one weight row: the block is decoded
-    once and used for every activation row, each row with its own 16-lane accumulator (the arithmetic
+    """IR for `rows` activation rows x[b0 .. b0 + rows - 1] against one weight row: each block is
+    decoded once and used for every activation row, each row with its own accumulators (the arithmetic
     of each row is exactly that of rows == 1)."""
     block_bytes, quant_offset, has_min, nibbles = _LAYOUTS[kind]
 
@@ -109,9 +111,9 @@ def _rows_dot_codegen(kind: str, rows: int):
 
         builder.position_at_end(loop)
         k = builder.phi(_I64)
-        # per activation row: two chains for d*dot(q, x) (and two for m*sum(x)), used by alternate blocks
-        # (block k goes to chain k % 2): a chain waits for one FMA every other block, not every block
-        chains = 4 if has_min else 2
+        # per activation row: a chain for the low 16 weights of a block and one for the high 16, each
+        # split in two used by alternate blocks (block k goes to k % 2): one FMA per chain every other block
+        chains = 4
         accs = [[builder.phi(_V16F) for _ in range(chains)] for _ in range(rows)]
         blk = builder.gep(row_ptr, [builder.mul(k, ir.Constant(_I64, block_bytes))])
         d = splat(builder, load_half(builder, blk))
@@ -121,27 +123,24 @@ def _rows_dot_codegen(kind: str, rows: int):
             q = load_vec(builder, qp, _V16I8)
             lo = builder.and_(q, ir.Constant(_V16I8, [15] * 16))
             hi = builder.lshr(q, ir.Constant(_V16I8, [4] * 16))
-            if has_min:
-                w0 = builder.uitofp(lo, _V16F)
-                w1 = builder.uitofp(hi, _V16F)
-            else:  # Q4_0: q - 8, exact in int8
+            if has_min:  # Q4_1: d * q + m, one rounding
+                w0 = fma(builder, d, builder.uitofp(lo, _V16F), m)
+                w1 = fma(builder, d, builder.uitofp(hi, _V16F), m)
+            else:  # Q4_0: d * (q - 8), q - 8 exact in int8
                 eight = ir.Constant(_V16I8, [8] * 16)
-                w0 = builder.sitofp(builder.sub(lo, eight), _V16F)
-                w1 = builder.sitofp(builder.sub(hi, eight), _V16F)
-        else:  # Q8_0: two runs of 16 signed bytes
-            w0 = builder.sitofp(load_vec(builder, qp, _V16I8), _V16F)
-            w1 = builder.sitofp(load_vec(builder, builder.gep(qp, [ir.Constant(_I64, 16)]), _V16I8), _V16F)
+                w0 = builder.fmul(d, builder.sitofp(builder.sub(lo, eight), _V16F))
+                w1 = builder.fmul(d, builder.sitofp(builder.sub(hi, eight), _V16F))
+        else:  # Q8_0: d * q over two runs of 16 signed bytes
+            w0 = builder.fmul(d, builder.sitofp(load_vec(builder, qp, _V16I8), _V16F))
+            q1 = load_vec(builder, builder.gep(qp, [ir.Constant(_I64, 16)]), _V16I8)
+            w1 = builder.fmul(d, builder.sitofp(q1, _V16F))
         offset = builder.mul(k, ir.Constant(_I64, 32))
         new_accs = []
         for r in range(rows):
             xb = builder.gep(x_rows[r], [offset])
             x0 = load_vec(builder, xb, _V16F)
             x1 = load_vec(builder, builder.gep(xb, [ir.Constant(_I64, 16)]), _V16F)
-            part = fma(builder, w1, x1, builder.fmul(w0, x0))
-            new = [fma(builder, d, part, accs[r][0])]
-            if has_min:
-                new.append(fma(builder, m, builder.fadd(x0, x1), accs[r][2]))
-            new_accs.append(new)
+            new_accs.append([fma(builder, w0, x0, accs[r][0]), fma(builder, w1, x1, accs[r][2])])
         k_next = builder.add(k, ir.Constant(_I64, 1))
         loop_end = builder.block
         builder.cbranch(builder.icmp_unsigned("<", k_next, n_blocks), loop, done)
@@ -168,9 +167,8 @@ def _rows_dot_codegen(kind: str, rows: int):
             finals.append(row_finals)
         results = []
         for row_finals in finals:
-            total = builder.fadd(row_finals[0], row_finals[1])
-            if has_min:
-                total = builder.fadd(total, builder.fadd(row_finals[2], row_finals[3]))
+            low = builder.fadd(row_finals[0], row_finals[1])
+            total = builder.fadd(low, builder.fadd(row_finals[2], row_finals[3]))
             results.append(sum_lanes(builder, total))
         return context.make_tuple(builder, signature.return_type, results)
 

@@ -10,6 +10,7 @@ Q8_0 on vnni: w + 128 -> -128 * xl). Integer sums are exact, so the three paths 
 the same float results bit for bit. Then, in float32 and in a fixed order: per block
 acc = fma(d * xs, lanes, acc) (Q4_1 also accm = fma(m * xs, xl, accm)), alternate blocks in two
 chains, chains added, the eight lanes summed by a fixed tree. A path the host lacks compiles as portable.
+As for simd.py, numba's cache does not see edits here: touch legacy.py after changing this file.
 """
 
 from __future__ import annotations
