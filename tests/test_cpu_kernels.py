@@ -5,6 +5,7 @@ quantization == llama.cpp's Q8_0, and every feature path."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -209,3 +210,27 @@ def test_int8_paths_follow_cpu_features() -> None:
     assert (simd_int8.AVX2 in paths) == features.avx2
     assert (simd_int8.VNNI in paths) == (features.avx512_vnni or features.avx_vnni)
     assert paths[-1] == legacy.INT8_PATH
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_result_does_not_depend_on_the_thread_count(type_name, weights) -> None:
+    blocks = weights[type_name]
+    x = activations(5, COLS, np.random.default_rng(7))
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        single = _kernel_call(type_name, "exact", blocks, x)
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(single.view(np.uint32), _kernel_call(type_name, "exact", blocks, x).view(np.uint32))
+
+
+@pytest.mark.parametrize("type_name", ("F16", "BF16", "F32"))
+def test_float_rows_of_any_width(type_name) -> None:
+    rng = np.random.default_rng(8)
+    blocks = make_blocks(type_name, 9, 100, rng)  # 100: not a multiple of 16 or 32
+    x = rng.standard_normal((3, 100)).astype(np.float32)
+    out = np.empty((3, 9), np.float32)
+    KERNELS[type_name].matmul_exact(blocks, x, out)
+    ref = x.astype(np.float64) @ dequantized(type_name, blocks).astype(np.float64).T
+    assert relative_error(out, ref) <= 1e-5
