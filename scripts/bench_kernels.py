@@ -5,13 +5,15 @@ Usage: python scripts/bench_kernels.py [--rows 1,2,4,8,16] [--repeats 30] [--thr
 Prints the median ms per shape and row count B for the kernels (Q4_1 layers, Q8_0 vocabulary) and for
 numpy float32 x @ W.T on the same shapes, then one token's matmuls (30 layers + vocabulary) per B.
 Target: B=1 token well under llama.cpp's ~7 ms on the 2-core machine; B rows far less than B x one row.
-Weights are random valid blocks (timing does not depend on values). BLAS is held to 1 thread around
-the numba-parallel kernels and gets --threads for the numpy rows.
+Weights are random valid blocks (timing does not depend on values), --copies distinct sets per layer
+shape used in turn so they stream from memory as in a real token. BLAS is held to 1 thread around the
+numba-parallel kernels and gets --threads for the numpy rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -66,19 +68,24 @@ def timed_ms(fn: Callable[[], object], repeats: int, stat: str) -> float:
 def make_call(
     mode: str,
     kern: QuantKernels,
-    blocks: np.ndarray,
-    dense: np.ndarray | None,
+    blocks: list[np.ndarray],
+    dense: list[np.ndarray] | None,
     x: np.ndarray,
     out: np.ndarray,
 ) -> Callable[[], object]:
-    """One matmul of `mode` (int8 includes quantizing the activations, as a decode step would)."""
+    """One matmul of `mode` per call, cycling through the weight copies (as a token cycles through its
+    layers, so the weights come from memory, not from a warm cache). int8 includes quantizing the
+    activations, as a decode step would."""
     if mode == "exact":
-        return lambda: kern.matmul_exact(blocks, x, out)
+        copies = itertools.cycle(blocks)
+        return lambda: kern.matmul_exact(next(copies), x, out)
     if mode == "int8":
         assert kern.matmul_int8 is not None
-        return lambda: kern.matmul_int8(blocks, *quantize_activations(x), out)
+        copies = itertools.cycle(blocks)
+        return lambda: kern.matmul_int8(next(copies), *quantize_activations(x), out)
     assert dense is not None
-    return lambda: np.matmul(x, dense.T, out=out)
+    copies = itertools.cycle(dense)
+    return lambda: np.matmul(x, next(copies).T, out=out)
 
 
 def main() -> None:
@@ -90,6 +97,9 @@ def main() -> None:
     parser.add_argument("--mode", choices=("exact", "int8", "both"), default="both")
     parser.add_argument("--no-numpy", action="store_true")
     parser.add_argument(
+        "--copies", type=int, default=30, help="distinct weight sets per layer shape (1: cache-warm weights)"
+    )
+    parser.add_argument(
         "--stat", choices=("median", "min"), default="median", help="min is steadier on a shared machine"
     )
     args = parser.parse_args()
@@ -98,7 +108,10 @@ def main() -> None:
     features = cpu_features()
     print(f"threads {args.threads}, cpu {features.cpu_name} ({features.best}), numba {numba.__version__}")
     rng = np.random.default_rng(0)
-    weights = {name: random_blocks(t, out, cols, rng) for name, t, out, cols, _ in SHAPES}
+    weights = {
+        name: [random_blocks(t, out, cols, rng) for _ in range(min(args.copies, times))]
+        for name, t, out, cols, times in SHAPES
+    }
     modes = ("exact", "int8") if args.mode == "both" else (args.mode,)
     if not args.no_numpy:
         modes = (*modes, "numpy")
@@ -106,7 +119,7 @@ def main() -> None:
     print(f"{'shape':8} {'mode':6} " + " ".join(f"{'B=' + str(b):>8}" for b in row_counts))
     for name, type_name, out_rows, cols, times in SHAPES:
         kern = KERNELS[type_name]
-        dense = dequantized(type_name, weights[name], cols) if "numpy" in modes else None
+        dense = [dequantized(type_name, w, cols) for w in weights[name]] if "numpy" in modes else None
         for mode in modes:
             cells = []
             for rows in row_counts:
