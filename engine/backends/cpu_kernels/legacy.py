@@ -113,16 +113,21 @@ def q4_0_matmul_exact(blocks, x, out):
         return
     full = batch - batch % 4
     rest = batch % 4
-    for o in prange(blocks.shape[0]):
-        row = blocks[o]
+    rows = blocks.shape[0]
+    # a tile of TILE weight rows against each group of 4 activation rows: both stay in L1 (the loop
+    # order changes nothing in any one dot product)
+    for t in prange((rows + TILE - 1) // TILE):
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, full, 4):
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_0_dot4(row, x, b)
-        if rest == 1:
-            (out[full, o],) = simd.q4_0_dot1(row, x, full)
-        elif rest == 2:
-            out[full, o], out[full + 1, o] = simd.q4_0_dot2(row, x, full)
-        elif rest == 3:
-            out[full, o], out[full + 1, o], out[full + 2, o] = simd.q4_0_dot3(row, x, full)
+            for o in range(first, last):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_0_dot4(blocks[o], x, b)
+        for o in range(first, last):
+            if rest == 1:
+                (out[full, o],) = simd.q4_0_dot1(blocks[o], x, full)
+            elif rest == 2:
+                out[full, o], out[full + 1, o] = simd.q4_0_dot2(blocks[o], x, full)
+            elif rest == 3:
+                out[full, o], out[full + 1, o], out[full + 2, o] = simd.q4_0_dot3(blocks[o], x, full)
 
 
 @njit(cache=True, parallel=True)
@@ -183,16 +188,21 @@ def q4_1_matmul_exact(blocks, x, out):
         return
     full = batch - batch % 4
     rest = batch % 4
-    for o in prange(blocks.shape[0]):
-        row = blocks[o]
+    rows = blocks.shape[0]
+    # a tile of TILE weight rows against each group of 4 activation rows: both stay in L1 (the loop
+    # order changes nothing in any one dot product)
+    for t in prange((rows + TILE - 1) // TILE):
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, full, 4):
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_1_dot4(row, x, b)
-        if rest == 1:
-            (out[full, o],) = simd.q4_1_dot1(row, x, full)
-        elif rest == 2:
-            out[full, o], out[full + 1, o] = simd.q4_1_dot2(row, x, full)
-        elif rest == 3:
-            out[full, o], out[full + 1, o], out[full + 2, o] = simd.q4_1_dot3(row, x, full)
+            for o in range(first, last):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_1_dot4(blocks[o], x, b)
+        for o in range(first, last):
+            if rest == 1:
+                (out[full, o],) = simd.q4_1_dot1(blocks[o], x, full)
+            elif rest == 2:
+                out[full, o], out[full + 1, o] = simd.q4_1_dot2(blocks[o], x, full)
+            elif rest == 3:
+                out[full, o], out[full + 1, o], out[full + 2, o] = simd.q4_1_dot3(blocks[o], x, full)
 
 
 @njit(cache=True, parallel=True)
@@ -253,16 +263,21 @@ def q8_0_matmul_exact(blocks, x, out):
         return
     full = batch - batch % 4
     rest = batch % 4
-    for o in prange(blocks.shape[0]):
-        row = blocks[o]
+    rows = blocks.shape[0]
+    # a tile of TILE weight rows against each group of 4 activation rows: both stay in L1 (the loop
+    # order changes nothing in any one dot product)
+    for t in prange((rows + TILE - 1) // TILE):
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, full, 4):
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q8_0_dot4(row, x, b)
-        if rest == 1:
-            (out[full, o],) = simd.q8_0_dot1(row, x, full)
-        elif rest == 2:
-            out[full, o], out[full + 1, o] = simd.q8_0_dot2(row, x, full)
-        elif rest == 3:
-            out[full, o], out[full + 1, o], out[full + 2, o] = simd.q8_0_dot3(row, x, full)
+            for o in range(first, last):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q8_0_dot4(blocks[o], x, b)
+        for o in range(first, last):
+            if rest == 1:
+                (out[full, o],) = simd.q8_0_dot1(blocks[o], x, full)
+            elif rest == 2:
+                out[full, o], out[full + 1, o] = simd.q8_0_dot2(blocks[o], x, full)
+            elif rest == 3:
+                out[full, o], out[full + 1, o], out[full + 2, o] = simd.q8_0_dot3(blocks[o], x, full)
 
 
 @njit(cache=True, parallel=True)
