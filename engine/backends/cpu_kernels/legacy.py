@@ -144,29 +144,33 @@ def q4_0_matmul_int8_path(blocks, xq, xs, out, path):
     xl = activation_lane_sums(xq)
     batch = xq.shape[0]
     full = batch - batch % 4
-    for o in prange(blocks.shape[0]):
-        row = blocks[o]
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # weight tile x 4-row group, as in matmul_exact
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
         if path == simd_int8.VNNI:
             for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_0_vnni4(
-                    row, xq, xl, xs, b
-                )
+                for o in range(first, last):
+                    r0, r1, r2, r3 = simd_int8.q4_0_vnni4(blocks[o], xq, xl, xs, b)
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
             for b in range(full, batch):
-                (out[b, o],) = simd_int8.q4_0_vnni1(row, xq, xl, xs, b)
+                for o in range(first, last):
+                    (out[b, o],) = simd_int8.q4_0_vnni1(blocks[o], xq, xl, xs, b)
         elif path == simd_int8.AVX2:
             for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_0_avx24(
-                    row, xq, xl, xs, b
-                )
+                for o in range(first, last):
+                    r0, r1, r2, r3 = simd_int8.q4_0_avx24(blocks[o], xq, xl, xs, b)
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
             for b in range(full, batch):
-                (out[b, o],) = simd_int8.q4_0_avx21(row, xq, xl, xs, b)
+                for o in range(first, last):
+                    (out[b, o],) = simd_int8.q4_0_avx21(blocks[o], xq, xl, xs, b)
         else:
             for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_0_portable4(
-                    row, xq, xl, xs, b
-                )
+                for o in range(first, last):
+                    r0, r1, r2, r3 = simd_int8.q4_0_portable4(blocks[o], xq, xl, xs, b)
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
             for b in range(full, batch):
-                (out[b, o],) = simd_int8.q4_0_portable1(row, xq, xl, xs, b)
+                for o in range(first, last):
+                    (out[b, o],) = simd_int8.q4_0_portable1(blocks[o], xq, xl, xs, b)
 
 
 def q4_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
@@ -219,29 +223,33 @@ def q4_1_matmul_int8_path(blocks, xq, xs, out, path):
     xl = activation_lane_sums(xq)
     batch = xq.shape[0]
     full = batch - batch % 4
-    for o in prange(blocks.shape[0]):
-        row = blocks[o]
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # weight tile x 4-row group, as in matmul_exact
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
         if path == simd_int8.VNNI:
             for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_1_vnni4(
-                    row, xq, xl, xs, b
-                )
+                for o in range(first, last):
+                    r0, r1, r2, r3 = simd_int8.q4_1_vnni4(blocks[o], xq, xl, xs, b)
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
             for b in range(full, batch):
-                (out[b, o],) = simd_int8.q4_1_vnni1(row, xq, xl, xs, b)
+                for o in range(first, last):
+                    (out[b, o],) = simd_int8.q4_1_vnni1(blocks[o], xq, xl, xs, b)
         elif path == simd_int8.AVX2:
             for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_1_avx24(
-                    row, xq, xl, xs, b
-                )
+                for o in range(first, last):
+                    r0, r1, r2, r3 = simd_int8.q4_1_avx24(blocks[o], xq, xl, xs, b)
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
             for b in range(full, batch):
-                (out[b, o],) = simd_int8.q4_1_avx21(row, xq, xl, xs, b)
+                for o in range(first, last):
+                    (out[b, o],) = simd_int8.q4_1_avx21(blocks[o], xq, xl, xs, b)
         else:
             for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q4_1_portable4(
-                    row, xq, xl, xs, b
-                )
+                for o in range(first, last):
+                    r0, r1, r2, r3 = simd_int8.q4_1_portable4(blocks[o], xq, xl, xs, b)
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
             for b in range(full, batch):
-                (out[b, o],) = simd_int8.q4_1_portable1(row, xq, xl, xs, b)
+                for o in range(first, last):
+                    (out[b, o],) = simd_int8.q4_1_portable1(blocks[o], xq, xl, xs, b)
 
 
 def q4_1_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
@@ -294,29 +302,33 @@ def q8_0_matmul_int8_path(blocks, xq, xs, out, path):
     xl = activation_lane_sums(xq)
     batch = xq.shape[0]
     full = batch - batch % 4
-    for o in prange(blocks.shape[0]):
-        row = blocks[o]
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # weight tile x 4-row group, as in matmul_exact
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
         if path == simd_int8.VNNI:
             for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q8_0_vnni4(
-                    row, xq, xl, xs, b
-                )
+                for o in range(first, last):
+                    r0, r1, r2, r3 = simd_int8.q8_0_vnni4(blocks[o], xq, xl, xs, b)
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
             for b in range(full, batch):
-                (out[b, o],) = simd_int8.q8_0_vnni1(row, xq, xl, xs, b)
+                for o in range(first, last):
+                    (out[b, o],) = simd_int8.q8_0_vnni1(blocks[o], xq, xl, xs, b)
         elif path == simd_int8.AVX2:
             for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q8_0_avx24(
-                    row, xq, xl, xs, b
-                )
+                for o in range(first, last):
+                    r0, r1, r2, r3 = simd_int8.q8_0_avx24(blocks[o], xq, xl, xs, b)
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
             for b in range(full, batch):
-                (out[b, o],) = simd_int8.q8_0_avx21(row, xq, xl, xs, b)
+                for o in range(first, last):
+                    (out[b, o],) = simd_int8.q8_0_avx21(blocks[o], xq, xl, xs, b)
         else:
             for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd_int8.q8_0_portable4(
-                    row, xq, xl, xs, b
-                )
+                for o in range(first, last):
+                    r0, r1, r2, r3 = simd_int8.q8_0_portable4(blocks[o], xq, xl, xs, b)
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
             for b in range(full, batch):
-                (out[b, o],) = simd_int8.q8_0_portable1(row, xq, xl, xs, b)
+                for o in range(first, last):
+                    (out[b, o],) = simd_int8.q8_0_portable1(blocks[o], xq, xl, xs, b)
 
 
 def q8_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
