@@ -144,6 +144,7 @@ def q4_0_matmul_int8_path(blocks, xq, xs, out, path):
     xl = activation_lane_sums(xq)
     batch = xq.shape[0]
     full = batch - batch % 4
+    rest = batch % 4
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):  # weight tile x 4-row group, as in matmul_exact
         first, last = t * TILE, min(rows, (t + 1) * TILE)
@@ -152,25 +153,40 @@ def q4_0_matmul_int8_path(blocks, xq, xs, out, path):
                 for o in range(first, last):
                     r0, r1, r2, r3 = simd_int8.q4_0_vnni4(blocks[o], xq, xl, xs, b)
                     out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for b in range(full, batch):
-                for o in range(first, last):
-                    (out[b, o],) = simd_int8.q4_0_vnni1(blocks[o], xq, xl, xs, b)
+            for o in range(first, last):
+                if rest == 1:
+                    (out[full, o],) = simd_int8.q4_0_vnni1(blocks[o], xq, xl, xs, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = simd_int8.q4_0_vnni2(blocks[o], xq, xl, xs, full)
+                elif rest == 3:
+                    r0, r1, r2 = simd_int8.q4_0_vnni3(blocks[o], xq, xl, xs, full)
+                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
         elif path == simd_int8.AVX2:
             for b in range(0, full, 4):
                 for o in range(first, last):
                     r0, r1, r2, r3 = simd_int8.q4_0_avx24(blocks[o], xq, xl, xs, b)
                     out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for b in range(full, batch):
-                for o in range(first, last):
-                    (out[b, o],) = simd_int8.q4_0_avx21(blocks[o], xq, xl, xs, b)
+            for o in range(first, last):
+                if rest == 1:
+                    (out[full, o],) = simd_int8.q4_0_avx21(blocks[o], xq, xl, xs, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = simd_int8.q4_0_avx22(blocks[o], xq, xl, xs, full)
+                elif rest == 3:
+                    r0, r1, r2 = simd_int8.q4_0_avx23(blocks[o], xq, xl, xs, full)
+                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
         else:
             for b in range(0, full, 4):
                 for o in range(first, last):
                     r0, r1, r2, r3 = simd_int8.q4_0_portable4(blocks[o], xq, xl, xs, b)
                     out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for b in range(full, batch):
-                for o in range(first, last):
-                    (out[b, o],) = simd_int8.q4_0_portable1(blocks[o], xq, xl, xs, b)
+            for o in range(first, last):
+                if rest == 1:
+                    (out[full, o],) = simd_int8.q4_0_portable1(blocks[o], xq, xl, xs, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = simd_int8.q4_0_portable2(blocks[o], xq, xl, xs, full)
+                elif rest == 3:
+                    r0, r1, r2 = simd_int8.q4_0_portable3(blocks[o], xq, xl, xs, full)
+                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
 
 
 def q4_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
@@ -223,6 +239,7 @@ def q4_1_matmul_int8_path(blocks, xq, xs, out, path):
     xl = activation_lane_sums(xq)
     batch = xq.shape[0]
     full = batch - batch % 4
+    rest = batch % 4
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):  # weight tile x 4-row group, as in matmul_exact
         first, last = t * TILE, min(rows, (t + 1) * TILE)
@@ -231,25 +248,40 @@ def q4_1_matmul_int8_path(blocks, xq, xs, out, path):
                 for o in range(first, last):
                     r0, r1, r2, r3 = simd_int8.q4_1_vnni4(blocks[o], xq, xl, xs, b)
                     out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for b in range(full, batch):
-                for o in range(first, last):
-                    (out[b, o],) = simd_int8.q4_1_vnni1(blocks[o], xq, xl, xs, b)
+            for o in range(first, last):
+                if rest == 1:
+                    (out[full, o],) = simd_int8.q4_1_vnni1(blocks[o], xq, xl, xs, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = simd_int8.q4_1_vnni2(blocks[o], xq, xl, xs, full)
+                elif rest == 3:
+                    r0, r1, r2 = simd_int8.q4_1_vnni3(blocks[o], xq, xl, xs, full)
+                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
         elif path == simd_int8.AVX2:
             for b in range(0, full, 4):
                 for o in range(first, last):
                     r0, r1, r2, r3 = simd_int8.q4_1_avx24(blocks[o], xq, xl, xs, b)
                     out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for b in range(full, batch):
-                for o in range(first, last):
-                    (out[b, o],) = simd_int8.q4_1_avx21(blocks[o], xq, xl, xs, b)
+            for o in range(first, last):
+                if rest == 1:
+                    (out[full, o],) = simd_int8.q4_1_avx21(blocks[o], xq, xl, xs, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = simd_int8.q4_1_avx22(blocks[o], xq, xl, xs, full)
+                elif rest == 3:
+                    r0, r1, r2 = simd_int8.q4_1_avx23(blocks[o], xq, xl, xs, full)
+                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
         else:
             for b in range(0, full, 4):
                 for o in range(first, last):
                     r0, r1, r2, r3 = simd_int8.q4_1_portable4(blocks[o], xq, xl, xs, b)
                     out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for b in range(full, batch):
-                for o in range(first, last):
-                    (out[b, o],) = simd_int8.q4_1_portable1(blocks[o], xq, xl, xs, b)
+            for o in range(first, last):
+                if rest == 1:
+                    (out[full, o],) = simd_int8.q4_1_portable1(blocks[o], xq, xl, xs, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = simd_int8.q4_1_portable2(blocks[o], xq, xl, xs, full)
+                elif rest == 3:
+                    r0, r1, r2 = simd_int8.q4_1_portable3(blocks[o], xq, xl, xs, full)
+                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
 
 
 def q4_1_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
@@ -302,6 +334,7 @@ def q8_0_matmul_int8_path(blocks, xq, xs, out, path):
     xl = activation_lane_sums(xq)
     batch = xq.shape[0]
     full = batch - batch % 4
+    rest = batch % 4
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):  # weight tile x 4-row group, as in matmul_exact
         first, last = t * TILE, min(rows, (t + 1) * TILE)
@@ -310,25 +343,40 @@ def q8_0_matmul_int8_path(blocks, xq, xs, out, path):
                 for o in range(first, last):
                     r0, r1, r2, r3 = simd_int8.q8_0_vnni4(blocks[o], xq, xl, xs, b)
                     out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for b in range(full, batch):
-                for o in range(first, last):
-                    (out[b, o],) = simd_int8.q8_0_vnni1(blocks[o], xq, xl, xs, b)
+            for o in range(first, last):
+                if rest == 1:
+                    (out[full, o],) = simd_int8.q8_0_vnni1(blocks[o], xq, xl, xs, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = simd_int8.q8_0_vnni2(blocks[o], xq, xl, xs, full)
+                elif rest == 3:
+                    r0, r1, r2 = simd_int8.q8_0_vnni3(blocks[o], xq, xl, xs, full)
+                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
         elif path == simd_int8.AVX2:
             for b in range(0, full, 4):
                 for o in range(first, last):
                     r0, r1, r2, r3 = simd_int8.q8_0_avx24(blocks[o], xq, xl, xs, b)
                     out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for b in range(full, batch):
-                for o in range(first, last):
-                    (out[b, o],) = simd_int8.q8_0_avx21(blocks[o], xq, xl, xs, b)
+            for o in range(first, last):
+                if rest == 1:
+                    (out[full, o],) = simd_int8.q8_0_avx21(blocks[o], xq, xl, xs, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = simd_int8.q8_0_avx22(blocks[o], xq, xl, xs, full)
+                elif rest == 3:
+                    r0, r1, r2 = simd_int8.q8_0_avx23(blocks[o], xq, xl, xs, full)
+                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
         else:
             for b in range(0, full, 4):
                 for o in range(first, last):
                     r0, r1, r2, r3 = simd_int8.q8_0_portable4(blocks[o], xq, xl, xs, b)
                     out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for b in range(full, batch):
-                for o in range(first, last):
-                    (out[b, o],) = simd_int8.q8_0_portable1(blocks[o], xq, xl, xs, b)
+            for o in range(first, last):
+                if rest == 1:
+                    (out[full, o],) = simd_int8.q8_0_portable1(blocks[o], xq, xl, xs, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = simd_int8.q8_0_portable2(blocks[o], xq, xl, xs, full)
+                elif rest == 3:
+                    r0, r1, r2 = simd_int8.q8_0_portable3(blocks[o], xq, xl, xs, full)
+                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
 
 
 def q8_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:

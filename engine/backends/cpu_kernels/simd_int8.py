@@ -223,13 +223,19 @@ def _make(kind: str, rows: int, path: int):
     return intrinsic(typer)
 
 
-# module-level names (numba resolves intrinsics as globals): <type>_<path><rows>
-q4_0_portable1, q4_0_portable4 = _make("q4_0", 1, PORTABLE), _make("q4_0", 4, PORTABLE)
-q4_0_avx21, q4_0_avx24 = _make("q4_0", 1, AVX2), _make("q4_0", 4, AVX2)
-q4_0_vnni1, q4_0_vnni4 = _make("q4_0", 1, VNNI), _make("q4_0", 4, VNNI)
-q4_1_portable1, q4_1_portable4 = _make("q4_1", 1, PORTABLE), _make("q4_1", 4, PORTABLE)
-q4_1_avx21, q4_1_avx24 = _make("q4_1", 1, AVX2), _make("q4_1", 4, AVX2)
-q4_1_vnni1, q4_1_vnni4 = _make("q4_1", 1, VNNI), _make("q4_1", 4, VNNI)
-q8_0_portable1, q8_0_portable4 = _make("q8_0", 1, PORTABLE), _make("q8_0", 4, PORTABLE)
-q8_0_avx21, q8_0_avx24 = _make("q8_0", 1, AVX2), _make("q8_0", 4, AVX2)
-q8_0_vnni1, q8_0_vnni4 = _make("q8_0", 1, VNNI), _make("q8_0", 4, VNNI)
+# module-level names (numba resolves intrinsics as globals): <type>_<path><rows>, 1 to 4 rows
+q4_0_portable1, q4_0_portable2, q4_0_portable3, q4_0_portable4 = (
+    _make("q4_0", r, PORTABLE) for r in (1, 2, 3, 4)
+)
+q4_0_avx21, q4_0_avx22, q4_0_avx23, q4_0_avx24 = (_make("q4_0", r, AVX2) for r in (1, 2, 3, 4))
+q4_0_vnni1, q4_0_vnni2, q4_0_vnni3, q4_0_vnni4 = (_make("q4_0", r, VNNI) for r in (1, 2, 3, 4))
+q4_1_portable1, q4_1_portable2, q4_1_portable3, q4_1_portable4 = (
+    _make("q4_1", r, PORTABLE) for r in (1, 2, 3, 4)
+)
+q4_1_avx21, q4_1_avx22, q4_1_avx23, q4_1_avx24 = (_make("q4_1", r, AVX2) for r in (1, 2, 3, 4))
+q4_1_vnni1, q4_1_vnni2, q4_1_vnni3, q4_1_vnni4 = (_make("q4_1", r, VNNI) for r in (1, 2, 3, 4))
+q8_0_portable1, q8_0_portable2, q8_0_portable3, q8_0_portable4 = (
+    _make("q8_0", r, PORTABLE) for r in (1, 2, 3, 4)
+)
+q8_0_avx21, q8_0_avx22, q8_0_avx23, q8_0_avx24 = (_make("q8_0", r, AVX2) for r in (1, 2, 3, 4))
+q8_0_vnni1, q8_0_vnni2, q8_0_vnni3, q8_0_vnni4 = (_make("q8_0", r, VNNI) for r in (1, 2, 3, 4))
