@@ -57,7 +57,8 @@ def _half(lo: int, hi: int) -> np.float32:
 
 @njit(cache=True)
 def _scales_mins(row: np.ndarray, off: int, ds: np.ndarray, dm: np.ndarray) -> None:
-    """Q4_K/Q5_K: ds[j] = d * sc[j], dm[j] = dmin * m[j] (float32) for the super-block at `off`."""
+    """Q4_K/Q5_K: ds[j] = d * sc[j], dm[j] = dmin * m[j] (float32, rounded as gguf does) for the eight
+    sub-blocks of the super-block at byte `off`."""
     d = _half(row[off], row[off + 1])
     dmin = _half(row[off + 2], row[off + 3])
     s = off + 4
@@ -82,343 +83,227 @@ def _scales_q6(row: np.ndarray, off: int, ds: np.ndarray) -> None:
         ds[k] = d * np.float32(sc)
 
 
-@njit(cache=True)
-def _unpack_q4(row: np.ndarray, off: int, q: np.ndarray) -> None:
-    """Q4_K: the 256 unsigned 4-bit quants of the super-block at `off`, in weight order."""
-    qs = off + 16
-    for g in range(4):
-        for i in range(32):
-            byte = row[qs + 32 * g + i]
-            q[64 * g + i] = byte & 0x0F
-            q[64 * g + 32 + i] = byte >> 4
+# The unpack loops below run over i (a byte position within a 32-byte group) with all groups of the
+# super-block in the body, on slices that start at 0: the body is too large for LLVM to unroll the loop
+# fully (numba leaves SLP vectorisation off, so a fully unrolled loop stays scalar) and every index is
+# provably non-negative (no wrap-around select, so contiguous vector loads/stores instead of gathers).
 
 
 @njit(cache=True)
-def _unpack_q5(row: np.ndarray, off: int, q: np.ndarray) -> None:
-    """Q5_K: the 256 unsigned 5-bit quants of the super-block at `off`, in weight order."""
-    qh = off + 16
-    qs = off + 48
-    for g in range(4):
-        for i in range(32):
-            byte = row[qs + 32 * g + i]
-            hi = row[qh + i]
-            q[64 * g + i] = (byte & 0x0F) | (((hi >> (2 * g)) & 1) << 4)
-            q[64 * g + 32 + i] = (byte >> 4) | (((hi >> (2 * g + 1)) & 1) << 4)
+def _deq_q4(row: np.ndarray, off: int, w: np.ndarray, ds: np.ndarray, dm: np.ndarray) -> None:
+    """Q4_K super-block at `off` -> 256 float32 weights in w (a 256-slice): ds[j] * q - dm[j]."""
+    qs = row[off + 16 : off + 144]
+    for i in range(32):
+        for g in range(4):
+            byte = qs[32 * g + i]
+            w[64 * g + i] = ds[2 * g] * np.float32(byte & 0x0F) - dm[2 * g]
+            w[64 * g + 32 + i] = ds[2 * g + 1] * np.float32(byte >> 4) - dm[2 * g + 1]
 
 
 @njit(cache=True)
-def _unpack_q6(row: np.ndarray, off: int, q: np.ndarray) -> None:
-    """Q6_K: the 256 signed 6-bit quants (q - 32) of the super-block at `off`, in weight order."""
-    for h in range(2):
-        ql = off + 64 * h
-        qh = off + 128 + 32 * h
-        for i in range(32):
-            lo0 = np.int32(row[ql + i])
-            lo1 = np.int32(row[ql + 32 + i])
-            hi = np.int32(row[qh + i])
-            w = 128 * h + i
-            q[w] = ((lo0 & 0x0F) | ((hi & 3) << 4)) - 32
-            q[w + 32] = ((lo1 & 0x0F) | (((hi >> 2) & 3) << 4)) - 32
-            q[w + 64] = ((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32
-            q[w + 96] = ((lo1 >> 4) | (((hi >> 6) & 3) << 4)) - 32
+def _deq_q5(row: np.ndarray, off: int, w: np.ndarray, ds: np.ndarray, dm: np.ndarray) -> None:
+    """Q5_K super-block at `off` -> 256 float32 weights in w: ds[j] * (low nibble | high bit << 4) - dm[j]."""
+    qh = row[off + 16 : off + 48]
+    qs = row[off + 48 : off + 176]
+    for i in range(32):
+        hi = np.int32(qh[i])
+        for g in range(4):
+            byte = np.int32(qs[32 * g + i])
+            lo = (byte & 0x0F) | (((hi >> (2 * g)) & 1) << 4)
+            up = (byte >> 4) | (((hi >> (2 * g + 1)) & 1) << 4)
+            w[64 * g + i] = ds[2 * g] * np.float32(lo) - dm[2 * g]
+            w[64 * g + 32 + i] = ds[2 * g + 1] * np.float32(up) - dm[2 * g + 1]
 
 
 @njit(cache=True)
-def _sums32(x: np.ndarray) -> np.ndarray:
-    """Per-32 sums of each row of x (float32, fixed order), for the min term of Q4_K/Q5_K."""
-    n_b, n_in = x.shape
-    s = np.empty((n_b, n_in // 32), np.float32)
-    for b in range(n_b):
-        for blk in range(n_in // 32):
-            acc = np.float32(0.0)
-            for i in range(32):
-                acc += x[b, 32 * blk + i]
-            s[b, blk] = acc
-    return s
+def _deq_q6(row: np.ndarray, off: int, w: np.ndarray, ds: np.ndarray) -> None:
+    """Q6_K super-block at `off` -> 256 float32 weights in w: ds[w // 16] * (q - 32)."""
+    ql = row[off : off + 128]
+    qh = row[off + 128 : off + 192]
+    for i in range(32):
+        for h in range(2):
+            lo0 = np.int32(ql[64 * h + i])
+            lo1 = np.int32(ql[64 * h + 32 + i])
+            hi = np.int32(qh[32 * h + i])
+            q0 = ((lo0 & 0x0F) | ((hi & 3) << 4)) - 32
+            q1 = ((lo1 & 0x0F) | (((hi >> 2) & 3) << 4)) - 32
+            q2 = ((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32
+            q3 = ((lo1 >> 4) | (((hi >> 6) & 3) << 4)) - 32
+            # weight 128h + 32s + i lies in sub-block 8h + 2s + i // 16
+            sub = 8 * h + i // 16
+            w[128 * h + i] = ds[sub] * np.float32(q0)
+            w[128 * h + 32 + i] = ds[sub + 2] * np.float32(q1)
+            w[128 * h + 64 + i] = ds[sub + 4] * np.float32(q2)
+            w[128 * h + 96 + i] = ds[sub + 6] * np.float32(q3)
 
 
 @njit(cache=True)
-def _qsums32(xq: np.ndarray) -> np.ndarray:
-    """Per-32 integer sums of each row of xq, for the min term of Q4_K/Q5_K in the int8 path."""
-    n_b, n_in = xq.shape
-    s = np.empty((n_b, n_in // 32), np.int32)
-    for b in range(n_b):
-        for blk in range(n_in // 32):
-            acc = np.int32(0)
-            for i in range(32):
-                acc += np.int32(xq[b, 32 * blk + i])
-            s[b, blk] = acc
-    return s
+def _deq_row(row: np.ndarray, kind: int, w: np.ndarray, ds: np.ndarray, dm: np.ndarray) -> None:
+    """One whole row of `kind` (0 Q4_K, 1 Q5_K, 2 Q6_K) -> float32 w [len(w)], exactly as gguf rounds."""
+    n_sb = w.shape[0] // QK_K
+    for sb in range(n_sb):
+        ws = w[QK_K * sb : QK_K * sb + QK_K]
+        if kind == 0:
+            off = sb * Q4_K_BYTES
+            _scales_mins(row, off, ds, dm)
+            _deq_q4(row, off, ws, ds, dm)
+        elif kind == 1:
+            off = sb * Q5_K_BYTES
+            _scales_mins(row, off, ds, dm)
+            _deq_q5(row, off, ws, ds, dm)
+        else:
+            off = sb * Q6_K_BYTES
+            _scales_q6(row, off, ds)
+            _deq_q6(row, off, ws, ds)
 
 
 @njit(cache=True)
-def _lane_sum(lanes: np.ndarray, b: int) -> np.float32:
-    """The fixed tree over a row's eight lane accumulators."""
-    a = (lanes[b, 0] + lanes[b, 4]) + (lanes[b, 2] + lanes[b, 6])
-    c = (lanes[b, 1] + lanes[b, 5]) + (lanes[b, 3] + lanes[b, 7])
-    return a + c
-
-
-# ---------------------------------------------------------------------------------------------------
-# Exact kernels: weights dequantized in registers, float32 accumulation
-# ---------------------------------------------------------------------------------------------------
-
-
-@njit(cache=True)
-def _dot_sub32(q: np.ndarray, x: np.ndarray, ds: np.ndarray, lanes: np.ndarray, n_b: int, xo: int) -> None:
-    """lanes[b, k] += ds[j] * sum_t q[32j + 8t + k] * x[b, xo + 32j + 8t + k] over the 8 sub-blocks."""
-    for b in range(n_b):
-        for j in range(8):
-            d = ds[j]
-            base = 32 * j
-            for k in range(8):
-                p = q[base + k] * x[b, xo + base + k]
-                p += q[base + 8 + k] * x[b, xo + base + 8 + k]
-                p += q[base + 16 + k] * x[b, xo + base + 16 + k]
-                p += q[base + 24 + k] * x[b, xo + base + 24 + k]
-                lanes[b, k] += d * p
+def _dot(w: np.ndarray, xb: np.ndarray, acc: np.ndarray) -> np.float32:
+    """sum_i w[i] * xb[i] in one fixed order: 256 lanes (lane k takes i = k mod 256, super-blocks in
+    order), then a fixed halving tree over the lanes (128, 64, ..., 1). Each lane is its own chain, so
+    LLVM vectorises across lanes without changing any lane's order."""
+    n_sb = w.shape[0] // QK_K
+    w0 = w[0:QK_K]
+    x0 = xb[0:QK_K]
+    for k in range(QK_K):
+        acc[k] = w0[k] * x0[k]
+    for sb in range(1, n_sb):
+        ws = w[QK_K * sb : QK_K * sb + QK_K]
+        xs = xb[QK_K * sb : QK_K * sb + QK_K]
+        for k in range(QK_K):
+            acc[k] += ws[k] * xs[k]
+    step = QK_K // 2
+    while step >= 1:
+        lo = acc[0:step]
+        hi = acc[step : 2 * step]
+        for k in range(step):
+            lo[k] += hi[k]
+        step //= 2
+    return acc[0]
 
 
 @njit(cache=True)
-def _dot_sub16(q: np.ndarray, x: np.ndarray, ds: np.ndarray, lanes: np.ndarray, n_b: int, xo: int) -> None:
-    """lanes[b, k] += ds[s] * (q[16s + k] x[..] + q[16s + 8 + k] x[..]) over the 16 sub-blocks (Q6_K)."""
-    for b in range(n_b):
-        for s in range(16):
-            d = ds[s]
-            base = 16 * s
-            for k in range(8):
-                p = q[base + k] * x[b, xo + base + k]
-                p += q[base + 8 + k] * x[b, xo + base + 8 + k]
-                lanes[b, k] += d * p
+def _check(blocks: np.ndarray, n_in: int, block_bytes: int, n_b: int, out: np.ndarray) -> None:
+    """Refuse shapes the kernels cannot serve (K-quant rows are whole 256-weight super-blocks)."""
+    if n_in % QK_K != 0:
+        raise ValueError("K-quant kernels need an input width that is a multiple of 256")
+    if blocks.shape[1] != (n_in // QK_K) * block_bytes:
+        raise ValueError("blocks row length does not match the input width")
+    if out.shape[0] != n_b or out.shape[1] != blocks.shape[0]:
+        raise ValueError("out must be [B, out_rows]")
 
 
 @njit(cache=True, parallel=True)
-def _exact_q45(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, five_bit: bool) -> None:
-    """Q4_K (five_bit False) / Q5_K (True): out = x @ W.T, W dequantized in registers."""
+def _matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int) -> None:
+    """out = x @ W.T: each weight row dequantized once into an L1-resident float32 buffer (the values
+    gguf's dequantizer gives), then one fixed-order dot per activation row."""
     n_b, n_in = x.shape
     n_out = blocks.shape[0]
-    n_sb = n_in // QK_K
-    bb = Q5_K_BYTES if five_bit else Q4_K_BYTES
-    xsum = _sums32(x)
     n_tasks = (n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for t in prange(n_tasks):
-        q = np.empty(QK_K, np.float32)
-        ds = np.empty(8, np.float32)
-        dm = np.empty(8, np.float32)
-        lanes = np.empty((n_b, 8), np.float32)
-        macc = np.empty(n_b, np.float32)
-        for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
-            row = blocks[o]
-            lanes[:] = 0.0
-            macc[:] = 0.0
-            for sb in range(n_sb):
-                off = sb * bb
-                _scales_mins(row, off, ds, dm)
-                if five_bit:
-                    _unpack_q5(row, off, q)
-                else:
-                    _unpack_q4(row, off, q)
-                _dot_sub32(q, x, ds, lanes, n_b, sb * QK_K)
-                for b in range(n_b):
-                    for j in range(8):
-                        macc[b] += dm[j] * xsum[b, sb * 8 + j]
-            for b in range(n_b):
-                out[b, o] = _lane_sum(lanes, b) - macc[b]
-
-
-@njit(cache=True, parallel=True)
-def _exact_q6(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """Q6_K: out = x @ W.T, W dequantized in registers."""
-    n_b, n_in = x.shape
-    n_out = blocks.shape[0]
-    n_sb = n_in // QK_K
-    n_tasks = (n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for t in prange(n_tasks):
-        q = np.empty(QK_K, np.float32)
+        w = np.empty(n_in, np.float32)
         ds = np.empty(16, np.float32)
-        lanes = np.empty((n_b, 8), np.float32)
+        dm = np.empty(8, np.float32)
+        acc = np.empty(QK_K, np.float32)
         for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
-            row = blocks[o]
-            lanes[:] = 0.0
-            for sb in range(n_sb):
-                off = sb * Q6_K_BYTES
-                _scales_q6(row, off, ds)
-                _unpack_q6(row, off, q)
-                _dot_sub16(q, x, ds, lanes, n_b, sb * QK_K)
+            _deq_row(blocks[o], kind, w, ds, dm)
             for b in range(n_b):
-                out[b, o] = _lane_sum(lanes, b)
+                out[b, o] = _dot(w, x[b], acc)
+
+
+@njit(cache=True)
+def _int8_acts(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """xq * xs per 32-block as float32 [B, in]: the activations the int8 contract multiplies."""
+    n_b, n_in = xq.shape
+    x = np.empty((n_b, n_in), np.float32)
+    for b in range(n_b):
+        for blk in range(n_in // 32):
+            s = xs[b, blk]
+            src = xq[b, 32 * blk : 32 * blk + 32]
+            dst = x[b, 32 * blk : 32 * blk + 32]
+            for i in range(32):
+                dst[i] = np.float32(src[i]) * s
+    return x
+
+
+# ---------------------------------------------------------------------------------------------------
+# Public kernels (the KERNELS.md interface)
+# ---------------------------------------------------------------------------------------------------
 
 
 @njit(cache=True)
 def q4_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """Q4_K: out[B, out] = x[B, in] @ W.T, weights dequantized in registers, float32 accumulation."""
-    _exact_q45(blocks, x, out, False)
+    """Q4_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
+    _check(blocks, x.shape[1], Q4_K_BYTES, x.shape[0], out)
+    _matmul(blocks, x, out, 0)
 
 
 @njit(cache=True)
 def q5_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """Q5_K: out[B, out] = x[B, in] @ W.T, weights dequantized in registers, float32 accumulation."""
-    _exact_q45(blocks, x, out, True)
+    """Q5_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
+    _check(blocks, x.shape[1], Q5_K_BYTES, x.shape[0], out)
+    _matmul(blocks, x, out, 1)
 
 
 @njit(cache=True)
 def q6_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """Q6_K: out[B, out] = x[B, in] @ W.T, weights dequantized in registers, float32 accumulation."""
-    _exact_q6(blocks, x, out)
+    """Q6_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
+    _check(blocks, x.shape[1], Q6_K_BYTES, x.shape[0], out)
+    _matmul(blocks, x, out, 2)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Int8 kernels: activations quantized per 32-block (xq int8, xs one float32 scale per 32)
-# ---------------------------------------------------------------------------------------------------
-
-
-@njit(cache=True, parallel=True)
-def _int8_q45(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, five_bit: bool) -> None:
-    """Q4_K/Q5_K against int8 activations: integer dot per 32-block, then float32 in block order."""
-    n_b, n_in = xq.shape
-    n_out = blocks.shape[0]
-    n_sb = n_in // QK_K
-    bb = Q5_K_BYTES if five_bit else Q4_K_BYTES
-    xqsum = _qsums32(xq)
-    n_tasks = (n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for t in prange(n_tasks):
-        q = np.empty(QK_K, np.int32)
-        ds = np.empty(8, np.float32)
-        dm = np.empty(8, np.float32)
-        acc = np.empty(n_b, np.float32)
-        for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
-            row = blocks[o]
-            acc[:] = 0.0
-            for sb in range(n_sb):
-                off = sb * bb
-                _scales_mins(row, off, ds, dm)
-                if five_bit:
-                    _unpack_q5(row, off, q)
-                else:
-                    _unpack_q4(row, off, q)
-                for b in range(n_b):
-                    for j in range(8):
-                        xo = sb * QK_K + 32 * j
-                        isum = np.int32(0)
-                        for i in range(32):
-                            isum += q[32 * j + i] * np.int32(xq[b, xo + i])
-                        blk = sb * 8 + j
-                        v = ds[j] * np.float32(isum) - dm[j] * np.float32(xqsum[b, blk])
-                        acc[b] += xs[b, blk] * v
-            for b in range(n_b):
-                out[b, o] = acc[b]
-
-
-@njit(cache=True, parallel=True)
-def _int8_q6(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
-    """Q6_K against int8 activations: integer dot per 16-sub-block, then float32 in block order."""
-    n_b, n_in = xq.shape
-    n_out = blocks.shape[0]
-    n_sb = n_in // QK_K
-    n_tasks = (n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for t in prange(n_tasks):
-        q = np.empty(QK_K, np.int32)
-        ds = np.empty(16, np.float32)
-        acc = np.empty(n_b, np.float32)
-        for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
-            row = blocks[o]
-            acc[:] = 0.0
-            for sb in range(n_sb):
-                off = sb * Q6_K_BYTES
-                _scales_q6(row, off, ds)
-                _unpack_q6(row, off, q)
-                for b in range(n_b):
-                    for j in range(8):
-                        xo = sb * QK_K + 32 * j
-                        s0 = np.int32(0)
-                        s1 = np.int32(0)
-                        for i in range(16):
-                            s0 += q[32 * j + i] * np.int32(xq[b, xo + i])
-                            s1 += q[32 * j + 16 + i] * np.int32(xq[b, xo + 16 + i])
-                        v = ds[2 * j] * np.float32(s0) + ds[2 * j + 1] * np.float32(s1)
-                        acc[b] += xs[b, sb * 8 + j] * v
-            for b in range(n_b):
-                out[b, o] = acc[b]
+# The int8 kernels multiply the quantized activations (xq * xs, rounded to float32 once per call) with
+# the same fixed-order dot as the exact kernels. Without a VNNI path (numba emits no vpdpbusd from
+# plain loops) they cost what the exact kernels cost; they exist so that `int8` mode gives the
+# int8-contract result for K-quant tensors too.
 
 
 @njit(cache=True)
 def q4_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q4_K: out = (xq * xs) @ W.T with activations quantized per 32-block."""
-    _int8_q45(blocks, xq, xs, out, False)
+    _check(blocks, xq.shape[1], Q4_K_BYTES, xq.shape[0], out)
+    _matmul(blocks, _int8_acts(xq, xs), out, 0)
 
 
 @njit(cache=True)
 def q5_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q5_K: out = (xq * xs) @ W.T with activations quantized per 32-block."""
-    _int8_q45(blocks, xq, xs, out, True)
+    _check(blocks, xq.shape[1], Q5_K_BYTES, xq.shape[0], out)
+    _matmul(blocks, _int8_acts(xq, xs), out, 1)
 
 
 @njit(cache=True)
 def q6_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q6_K: out = (xq * xs) @ W.T with activations quantized per 32-block."""
-    _int8_q6(blocks, xq, xs, out)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Dequantization to float32 rows (bit-identical to gguf.quants.dequantize)
-# ---------------------------------------------------------------------------------------------------
+    _check(blocks, xq.shape[1], Q6_K_BYTES, xq.shape[0], out)
+    _matmul(blocks, _int8_acts(xq, xs), out, 2)
 
 
 @njit(cache=True, parallel=True)
-def _dequant_q45(blocks: np.ndarray, start: int, stop: int, out: np.ndarray, five_bit: bool) -> None:
-    """Q4_K/Q5_K rows start..stop-1 as float32: (d * sc) * q - dmin * m, rounded as gguf does."""
-    n_sb = out.shape[1] // QK_K
-    bb = Q5_K_BYTES if five_bit else Q4_K_BYTES
+def _dequant(blocks: np.ndarray, start: int, stop: int, out: np.ndarray, kind: int) -> None:
+    """Rows start..stop-1 of `kind` as float32 into out, bit-identical to gguf.quants.dequantize."""
     for r in prange(stop - start):
-        row = blocks[start + r]
-        q = np.empty(QK_K, np.float32)
-        ds = np.empty(8, np.float32)
-        dm = np.empty(8, np.float32)
-        for sb in range(n_sb):
-            off = sb * bb
-            _scales_mins(row, off, ds, dm)
-            if five_bit:
-                _unpack_q5(row, off, q)
-            else:
-                _unpack_q4(row, off, q)
-            for j in range(8):
-                for i in range(32):
-                    out[r, sb * QK_K + 32 * j + i] = ds[j] * q[32 * j + i] - dm[j]
-
-
-@njit(cache=True, parallel=True)
-def _dequant_q6(blocks: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:
-    """Q6_K rows start..stop-1 as float32: (d * scale) * (q - 32), rounded as gguf does."""
-    n_sb = out.shape[1] // QK_K
-    for r in prange(stop - start):
-        row = blocks[start + r]
-        q = np.empty(QK_K, np.float32)
         ds = np.empty(16, np.float32)
-        for sb in range(n_sb):
-            off = sb * Q6_K_BYTES
-            _scales_q6(row, off, ds)
-            _unpack_q6(row, off, q)
-            for s in range(16):
-                for i in range(16):
-                    out[r, sb * QK_K + 16 * s + i] = ds[s] * q[16 * s + i]
+        dm = np.empty(8, np.float32)
+        _deq_row(blocks[start + r], kind, out[r], ds, dm)
 
 
 @njit(cache=True)
 def q4_k_dequantize_rows(blocks: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:
     """Q4_K rows start..stop-1 into out float32 [stop - start, in]."""
-    _dequant_q45(blocks, start, stop, out, False)
+    _dequant(blocks, start, stop, out, 0)
 
 
 @njit(cache=True)
 def q5_k_dequantize_rows(blocks: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:
     """Q5_K rows start..stop-1 into out float32 [stop - start, in]."""
-    _dequant_q45(blocks, start, stop, out, True)
+    _dequant(blocks, start, stop, out, 1)
 
 
 @njit(cache=True)
 def q6_k_dequantize_rows(blocks: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:
     """Q6_K rows start..stop-1 into out float32 [stop - start, in]."""
-    _dequant_q6(blocks, start, stop, out)
+    _dequant(blocks, start, stop, out, 2)
 
 
 KQUANT_KERNELS: dict[str, QuantKernels] = {
