@@ -83,10 +83,21 @@ def _scales_q6(row: np.ndarray, off: int, ds: np.ndarray) -> None:
         ds[k] = d * np.float32(sc)
 
 
-# The unpack loops below run over i (a byte position within a 32-byte group) with all groups of the
-# super-block in the body, on slices that start at 0: the body is too large for LLVM to unroll the loop
-# fully (numba leaves SLP vectorisation off, so a fully unrolled loop stays scalar) and every index is
-# provably non-negative (no wrap-around select, so contiguous vector loads/stores instead of gathers).
+# The unpack loops below run over i (a byte position within a group) with all groups of the super-block
+# in the body, on slices that start at 0: the body is too large for LLVM to unroll the loop fully (numba
+# leaves SLP vectorisation off, so a fully unrolled loop stays scalar) and every index is provably
+# non-negative (no wrap-around select, so contiguous vector loads/stores instead of gathers). Bit fields
+# are cut with exact float32 arithmetic (floor(v / 2**k)) rather than integer shifts and masks: numba
+# widens integer scalars to 64 bits, which would quarter the vector width.
+
+_F16 = np.float32(16.0)
+_F32 = np.float32(32.0)
+
+
+@njit(cache=True)
+def _shr(v: np.float32, k: int) -> np.float32:
+    """floor(v / 2**k) for a non-negative integer-valued float32 v: the integer shift v >> k, exactly."""
+    return np.floor(v * np.float32(1.0 / (1 << k)))
 
 
 @njit(cache=True)
@@ -95,24 +106,50 @@ def _deq_q4(row: np.ndarray, off: int, w: np.ndarray, ds: np.ndarray, dm: np.nda
     qs = row[off + 16 : off + 144]
     for i in range(32):
         for g in range(4):
-            byte = qs[32 * g + i]
-            w[64 * g + i] = ds[2 * g] * np.float32(byte & 0x0F) - dm[2 * g]
-            w[64 * g + 32 + i] = ds[2 * g + 1] * np.float32(byte >> 4) - dm[2 * g + 1]
+            v = np.float32(qs[32 * g + i])
+            up = _shr(v, 4)
+            lo = v - _F16 * up
+            w[64 * g + i] = ds[2 * g] * lo - dm[2 * g]
+            w[64 * g + 32 + i] = ds[2 * g + 1] * up - dm[2 * g + 1]
+
+
+@njit(cache=True)
+def _put_q5(
+    w: np.ndarray,
+    ds: np.ndarray,
+    dm: np.ndarray,
+    g: int,
+    i: int,
+    v: np.float32,
+    b0: np.float32,
+    b1: np.float32,
+) -> None:
+    """Q5_K: the two weights byte i of nibble group g gives, high bits b0 (sub-block 2g), b1 (2g + 1)."""
+    up = _shr(v, 4)
+    lo = v - _F16 * up
+    w[64 * g + i] = ds[2 * g] * (lo + _F16 * b0) - dm[2 * g]
+    w[64 * g + 32 + i] = ds[2 * g + 1] * (up + _F16 * b1) - dm[2 * g + 1]
 
 
 @njit(cache=True)
 def _deq_q5(row: np.ndarray, off: int, w: np.ndarray, ds: np.ndarray, dm: np.ndarray) -> None:
-    """Q5_K super-block at `off` -> 256 float32 weights in w: ds[j] * (low nibble | high bit << 4) - dm[j]."""
+    """Q5_K super-block at `off` -> 256 float32 weights in w: ds[j] * (low nibble + 16 * bit j) - dm[j]."""
     qh = row[off + 16 : off + 48]
     qs = row[off + 48 : off + 176]
+    two = np.float32(2.0)
     for i in range(32):
-        hi = np.int32(qh[i])
-        for g in range(4):
-            byte = np.int32(qs[32 * g + i])
-            lo = (byte & 0x0F) | (((hi >> (2 * g)) & 1) << 4)
-            up = (byte >> 4) | (((hi >> (2 * g + 1)) & 1) << 4)
-            w[64 * g + i] = ds[2 * g] * np.float32(lo) - dm[2 * g]
-            w[64 * g + 32 + i] = ds[2 * g + 1] * np.float32(up) - dm[2 * g + 1]
+        h0 = np.float32(qh[i])
+        h1 = _shr(h0, 1)
+        h2 = _shr(h0, 2)
+        h3 = _shr(h0, 3)
+        h4 = _shr(h0, 4)
+        h5 = _shr(h0, 5)
+        h6 = _shr(h0, 6)
+        h7 = _shr(h0, 7)
+        _put_q5(w, ds, dm, 0, i, np.float32(qs[i]), h0 - two * h1, h1 - two * h2)
+        _put_q5(w, ds, dm, 1, i, np.float32(qs[32 + i]), h2 - two * h3, h3 - two * h4)
+        _put_q5(w, ds, dm, 2, i, np.float32(qs[64 + i]), h4 - two * h5, h5 - two * h6)
+        _put_q5(w, ds, dm, 3, i, np.float32(qs[96 + i]), h6 - two * h7, h7)
 
 
 @njit(cache=True)
@@ -120,21 +157,28 @@ def _deq_q6(row: np.ndarray, off: int, w: np.ndarray, ds: np.ndarray) -> None:
     """Q6_K super-block at `off` -> 256 float32 weights in w: ds[w // 16] * (q - 32)."""
     ql = row[off : off + 128]
     qh = row[off + 128 : off + 192]
-    for i in range(32):
+    for i in range(16):
         for h in range(2):
-            lo0 = np.int32(ql[64 * h + i])
-            lo1 = np.int32(ql[64 * h + 32 + i])
-            hi = np.int32(qh[32 * h + i])
-            q0 = ((lo0 & 0x0F) | ((hi & 3) << 4)) - 32
-            q1 = ((lo1 & 0x0F) | (((hi >> 2) & 3) << 4)) - 32
-            q2 = ((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32
-            q3 = ((lo1 >> 4) | (((hi >> 6) & 3) << 4)) - 32
-            # weight 128h + 32s + i lies in sub-block 8h + 2s + i // 16
-            sub = 8 * h + i // 16
-            w[128 * h + i] = ds[sub] * np.float32(q0)
-            w[128 * h + 32 + i] = ds[sub + 2] * np.float32(q1)
-            w[128 * h + 64 + i] = ds[sub + 4] * np.float32(q2)
-            w[128 * h + 96 + i] = ds[sub + 6] * np.float32(q3)
+            for u in range(2):
+                # weight 128h + 32s + 16u + i lies in sub-block 8h + 2s + u
+                c = 16 * u + i
+                v0 = np.float32(ql[64 * h + c])
+                v1 = np.float32(ql[64 * h + 32 + c])
+                hb = np.float32(qh[32 * h + c])
+                u0 = _shr(v0, 4)
+                u1 = _shr(v1, 4)
+                t2 = _shr(hb, 2)
+                t4 = _shr(hb, 4)
+                t6 = _shr(hb, 6)
+                q0 = (v0 - _F16 * u0) + _F16 * (hb - 4 * t2) - _F32
+                q1 = (v1 - _F16 * u1) + _F16 * (t2 - 4 * t4) - _F32
+                q2 = u0 + _F16 * (t4 - 4 * t6) - _F32
+                q3 = u1 + _F16 * t6 - _F32
+                sub = 8 * h + u
+                w[128 * h + c] = ds[sub] * q0
+                w[128 * h + 32 + c] = ds[sub + 2] * q1
+                w[128 * h + 64 + c] = ds[sub + 4] * q2
+                w[128 * h + 96 + c] = ds[sub + 6] * q3
 
 
 @njit(cache=True)
