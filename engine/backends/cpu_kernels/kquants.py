@@ -38,21 +38,27 @@ ROWS_PER_TASK = 8
 # ---------------------------------------------------------------------------------------------------
 
 
+_POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float32)
+"""2**(e - 25) for a half's biased exponent e: (1024 + mantissa) * _POW2[e] is the half's magnitude."""
+_TINY = np.float32(2.0**-24)
+
+
 @njit(cache=True)
 def _half(lo: int, hi: int) -> np.float32:
-    """IEEE half (two little-endian bytes) -> float32, exactly (every half is a float32)."""
+    """IEEE half (two little-endian bytes) -> float32, exactly (every half is a float32, and each product
+    below is exact)."""
     h = np.int32(lo) | (np.int32(hi) << 8)
     exp = (h >> 10) & 0x1F
     mant = h & 0x3FF
     if exp == 0:
-        v = math.ldexp(float(mant), -24)
+        v = np.float32(mant) * _TINY
     elif exp == 31:
-        v = math.inf if mant == 0 else math.nan
+        v = np.float32(math.inf) if mant == 0 else np.float32(math.nan)
     else:
-        v = math.ldexp(float(mant | 0x400), exp - 25)
+        v = np.float32(mant | 0x400) * _POW2[exp]
     if h & 0x8000:
         v = -v
-    return np.float32(v)
+    return v
 
 
 @njit(cache=True)
@@ -92,6 +98,7 @@ def _scales_q6(row: np.ndarray, off: int, ds: np.ndarray) -> None:
 
 _F16 = np.float32(16.0)
 _F32 = np.float32(32.0)
+_F4 = np.float32(4.0)
 
 
 @njit(cache=True)
@@ -170,9 +177,9 @@ def _deq_q6(row: np.ndarray, off: int, w: np.ndarray, ds: np.ndarray) -> None:
                 t2 = _shr(hb, 2)
                 t4 = _shr(hb, 4)
                 t6 = _shr(hb, 6)
-                q0 = (v0 - _F16 * u0) + _F16 * (hb - 4 * t2) - _F32
-                q1 = (v1 - _F16 * u1) + _F16 * (t2 - 4 * t4) - _F32
-                q2 = u0 + _F16 * (t4 - 4 * t6) - _F32
+                q0 = (v0 - _F16 * u0) + _F16 * (hb - _F4 * t2) - _F32
+                q1 = (v1 - _F16 * u1) + _F16 * (t2 - _F4 * t4) - _F32
+                q2 = u0 + _F16 * (t4 - _F4 * t6) - _F32
                 q3 = u1 + _F16 * t6 - _F32
                 sub = 8 * h + u
                 w[128 * h + c] = ds[sub] * q0
