@@ -155,3 +155,16 @@ def test_batch_invariance(case: tuple[str, np.ndarray, np.ndarray], mode: str) -
         batch = run(np.ascontiguousarray(rows[order]))
         for pos, i in enumerate(order):
             assert np.array_equal(batch[pos], alone[i]), f"{type_name} {mode}: row {i} at {pos} of {n_b}"
+
+
+def test_shapes_that_are_not_whole_super_blocks_are_refused() -> None:
+    kern = KQUANT_KERNELS["Q4_K"]
+    blocks = random_blocks("Q4_K", 4, 512, seed=9)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        kern.matmul_exact(blocks, np.zeros((1, 640), np.float32), np.empty((1, 4), np.float32))
+    with pytest.raises(ValueError, match="row length"):
+        kern.matmul_exact(blocks, np.zeros((1, 768), np.float32), np.empty((1, 4), np.float32))
+    with pytest.raises(ValueError, match="out must be"):
+        kern.matmul_int8(
+            blocks, np.zeros((2, 512), np.int8), np.zeros((2, 16), np.float32), np.empty((1, 4), np.float32)
+        )
