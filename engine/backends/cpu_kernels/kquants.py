@@ -209,10 +209,23 @@ def _deq_row(row: np.ndarray, kind: int, w: np.ndarray, ds: np.ndarray, dm: np.n
 
 
 @njit(cache=True)
+def _tree(acc: np.ndarray) -> np.float32:
+    """The fixed halving tree over the 256 lanes: lane k += lane k + step for step 128, 64, ..., 1."""
+    step = QK_K // 2
+    while step >= 1:
+        lo = acc[0:step]
+        hi = acc[step : 2 * step]
+        for k in range(step):
+            lo[k] += hi[k]
+        step //= 2
+    return acc[0]
+
+
+@njit(cache=True)
 def _dot(w: np.ndarray, xb: np.ndarray, acc: np.ndarray) -> np.float32:
     """sum_i w[i] * xb[i] in one fixed order: 256 lanes (lane k takes i = k mod 256, super-blocks in
-    order), then a fixed halving tree over the lanes (128, 64, ..., 1). Each lane is its own chain, so
-    LLVM vectorises across lanes without changing any lane's order."""
+    order), then the fixed halving tree. Each lane is its own chain, so LLVM vectorises across lanes
+    without changing any lane's order."""
     n_sb = w.shape[0] // QK_K
     w0 = w[0:QK_K]
     x0 = xb[0:QK_K]
@@ -223,14 +236,30 @@ def _dot(w: np.ndarray, xb: np.ndarray, acc: np.ndarray) -> np.float32:
         xs = xb[QK_K * sb : QK_K * sb + QK_K]
         for k in range(QK_K):
             acc[k] += ws[k] * xs[k]
-    step = QK_K // 2
-    while step >= 1:
-        lo = acc[0:step]
-        hi = acc[step : 2 * step]
-        for k in range(step):
-            lo[k] += hi[k]
-        step //= 2
-    return acc[0]
+    return _tree(acc)
+
+
+@njit(cache=True)
+def _dot2(
+    w: np.ndarray, xa: np.ndarray, xb: np.ndarray, acc: np.ndarray, acc2: np.ndarray
+) -> tuple[np.float32, np.float32]:
+    """_dot for two activation rows at once (one pass over w): each row gets exactly _dot's operations
+    in _dot's order, so its result is bit-identical to _dot's."""
+    n_sb = w.shape[0] // QK_K
+    w0 = w[0:QK_K]
+    a0 = xa[0:QK_K]
+    b0 = xb[0:QK_K]
+    for k in range(QK_K):
+        acc[k] = w0[k] * a0[k]
+        acc2[k] = w0[k] * b0[k]
+    for sb in range(1, n_sb):
+        ws = w[QK_K * sb : QK_K * sb + QK_K]
+        a_s = xa[QK_K * sb : QK_K * sb + QK_K]
+        b_s = xb[QK_K * sb : QK_K * sb + QK_K]
+        for k in range(QK_K):
+            acc[k] += ws[k] * a_s[k]
+            acc2[k] += ws[k] * b_s[k]
+    return _tree(acc), _tree(acc2)
 
 
 @njit(cache=True)
@@ -256,10 +285,14 @@ def _matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int) -> No
         ds = np.empty(16, np.float32)
         dm = np.empty(8, np.float32)
         acc = np.empty(QK_K, np.float32)
+        acc2 = np.empty(QK_K, np.float32)
         for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
             _deq_row(blocks[o], kind, w, ds, dm)
-            for b in range(n_b):
-                out[b, o] = _dot(w, x[b], acc)
+            # pairs of activation rows share each pass over w; every row's arithmetic is _dot's
+            for p in range(n_b // 2):
+                out[2 * p, o], out[2 * p + 1, o] = _dot2(w, x[2 * p], x[2 * p + 1], acc, acc2)
+            if n_b % 2:
+                out[n_b - 1, o] = _dot(w, x[n_b - 1], acc)
 
 
 @njit(cache=True)
