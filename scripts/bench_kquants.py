@@ -4,8 +4,11 @@
 
 Prints the median ms of `matmul_exact`, `matmul_int8` (kernel only, activations already quantized) and
 `dequantize_rows` (whole matrix) for B in 1, 4, 16 on shapes 640x2048 and 2048x768 (out x in), beside
-numpy's float32 matmul on the dequantized weights. Numba runs on `--threads` threads with BLAS held to one
-thread around it (mixing the two pools costs milliseconds per switch); numpy gets `--threads` BLAS threads.
+numpy's float32 matmul on the dequantized weights, plus cold variants of exact and numpy (weights cycled
+through 256 MB of copies, so that they come from DRAM as in a real decode step). Numba runs on `--threads`
+threads with BLAS held to one thread around it (mixing the two pools costs milliseconds per switch); numpy
+gets `--threads` BLAS threads. On a shared, loaded machine use `--threads 1`: a parallel launch whose second
+core is busy waits a scheduler tick (4-16 ms medians for both engines).
 `--compile` first measures numba compile time in fresh subprocesses: cold (empty cache folder) and warm.
 """
 
@@ -86,11 +89,30 @@ def compile_seconds() -> tuple[float, float]:
     return runs[0], runs[1]
 
 
+COLD_BYTES = 256 << 20
+"""Weights cycled through for the cold columns: more than any last-level cache, as in a real decode step
+where every matrix comes from DRAM once per token."""
+
+
+def cycling(fn: Callable[[int], object], n: int) -> Callable[[], None]:
+    """A call that runs fn(0), fn(1), ..., fn(n - 1), fn(0), ... on successive calls."""
+    state = [0]
+
+    def call() -> None:
+        fn(state[0])
+        state[0] = (state[0] + 1) % n
+
+    return call
+
+
 def bench_shape(kern: QuantKernels, n_out: int, n_in: int, args: argparse.Namespace) -> None:
     """Print one table line per batch size for one type and shape."""
     rng = np.random.default_rng(n_out * 7 + n_in)
     blocks = random_blocks(kern.type_name, n_out, n_in, rng)
     w = dequantize(blocks, GGMLQuantizationType[kern.type_name]).reshape(n_out, n_in)
+    copies = max(2, COLD_BYTES // w.nbytes)
+    cold_w = np.broadcast_to(w, (copies, n_out, n_in)).copy()
+    cold_blocks = np.broadcast_to(blocks, (copies, *blocks.shape)).copy()
     tile = np.empty((n_out, n_in), np.float32)
     with threadpool_limits(1):
         dq = median_ms(partial(kern.dequantize_rows, blocks, 0, n_out, tile), args.repeats)
@@ -102,11 +124,16 @@ def bench_shape(kern: QuantKernels, n_out: int, n_in: int, args: argparse.Namesp
         with threadpool_limits(1):
             exact = median_ms(partial(kern.matmul_exact, blocks, x, out), args.repeats)
             int8 = median_ms(partial(kern.matmul_int8, blocks, xq, xs, out), args.repeats)
+            exact_cold = median_ms(
+                cycling(lambda i, x=x, out=out: kern.matmul_exact(cold_blocks[i], x, out), copies),
+                args.repeats,
+            )
         with threadpool_limits(args.threads):
             ref = median_ms(partial(np.matmul, x, w.T), args.repeats)
+            ref_cold = median_ms(cycling(lambda i, x=x: x @ cold_w[i].T, copies), args.repeats)
         print(
             f"{kern.type_name:5} {f'{n_out}x{n_in}':>10} {n_b:3d} {exact:8.3f} {int8:8.3f} {ref:8.3f}"
-            f" {exact / ref:6.2f} {dq:8.3f}"
+            f" {exact_cold:8.3f} {ref_cold:8.3f} {dq:8.3f}"
         )
 
 
@@ -120,9 +147,9 @@ def main() -> None:
         cold, warm = compile_seconds()
         print(f"compile (import + first call of all 9 kernels): cold {cold:.1f} s, warm {warm:.2f} s")
     numba.set_num_threads(args.threads)
-    print(f"threads {args.threads}, median of {args.repeats}, ms (x/np: exact over numpy)")
-    print(f"{'type':5} {'out x in':>10} {'B':>3} {'exact':>8} {'int8':>8} {'numpy':>8} {'x/np':>6}", end="")
-    print(f" {'dequant':>8}")
+    print(f"threads {args.threads}, median of {args.repeats}, ms; cold: weights cycled through 256 MB copies")
+    print(f"{'type':5} {'out x in':>10} {'B':>3} {'exact':>8} {'int8':>8} {'numpy':>8}", end="")
+    print(f" {'ex cold':>8} {'np cold':>8} {'dequant':>8}")
     for kern in KQUANT_KERNELS.values():
         for n_out, n_in in SHAPES:
             bench_shape(kern, n_out, n_in, args)
