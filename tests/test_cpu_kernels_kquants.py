@@ -168,3 +168,39 @@ def test_shapes_that_are_not_whole_super_blocks_are_refused() -> None:
         kern.matmul_int8(
             blocks, np.zeros((2, 512), np.int8), np.zeros((2, 16), np.float32), np.empty((1, 4), np.float32)
         )
+
+
+def test_dot_follows_its_documented_order() -> None:
+    """The vector dot == a numpy emulation of its order (64 lanes in order, (v0 + v1) + (v2 + v3), then
+    halving 16 -> 1), bit for bit: the order is the code's, not the compiler's."""
+    from numba import njit
+
+    from infer.engine.backends.cpu_kernels.kquants import _vdot
+
+    @njit
+    def vdot(w: np.ndarray, x: np.ndarray) -> np.float32:
+        return _vdot(w, x, w.shape[0])
+
+    rng = np.random.default_rng(400)
+    for n in (64, 256, 768, 2048):
+        w = (rng.standard_normal(n) * rng.uniform(0.01, 100, n)).astype(np.float32)
+        x = rng.standard_normal(n).astype(np.float32)
+        acc = np.zeros(64, np.float32)
+        for i in range(0, n, 64):
+            acc = acc + w[i : i + 64] * x[i : i + 64]
+        lanes = (acc[0:16] + acc[16:32]) + (acc[32:48] + acc[48:64])
+        while lanes.size > 1:
+            lanes = lanes[: lanes.size // 2] + lanes[lanes.size // 2 :]
+        assert vdot(w, x) == lanes[0]
+
+
+def test_non_contiguous_activations(case: tuple[str, np.ndarray, np.ndarray]) -> None:
+    type_name, blocks, w = case
+    rng = np.random.default_rng(500)
+    x = np.asfortranarray(rng.standard_normal((3, N_IN)).astype(np.float32))
+    out = np.empty((3, N_OUT), np.float32)
+    KQUANT_KERNELS[type_name].matmul_exact(blocks, x, out)
+    want = np.empty_like(out)
+    KQUANT_KERNELS[type_name].matmul_exact(blocks, np.ascontiguousarray(x), want)
+    assert np.array_equal(out, want)
+    assert rel_err(out, x.astype(np.float64) @ w.astype(np.float64).T) <= 1e-5

@@ -20,7 +20,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
 
@@ -208,58 +210,77 @@ def _deq_row(row: np.ndarray, kind: int, w: np.ndarray, ds: np.ndarray, dm: np.n
             _deq_q6(row, off, ws, ds)
 
 
-@njit(cache=True)
-def _tree(acc: np.ndarray) -> np.float32:
-    """The fixed halving tree over the 256 lanes: lane k += lane k + step for step 128, 64, ..., 1."""
-    step = QK_K // 2
-    while step >= 1:
-        lo = acc[0:step]
-        hi = acc[step : 2 * step]
-        for k in range(step):
-            lo[k] += hi[k]
-        step //= 2
-    return acc[0]
+DOT_LANES = 16
+"""float32 lanes per LLVM vector in the dot."""
+DOT_VECTORS = 4
+"""Independent vector accumulators (hides the add latency): 64 lanes in all."""
 
 
-@njit(cache=True)
-def _dot(w: np.ndarray, xb: np.ndarray, acc: np.ndarray) -> np.float32:
-    """sum_i w[i] * xb[i] in one fixed order: 256 lanes (lane k takes i = k mod 256, super-blocks in
-    order), then the fixed halving tree. Each lane is its own chain, so LLVM vectorises across lanes
-    without changing any lane's order."""
-    n_sb = w.shape[0] // QK_K
-    w0 = w[0:QK_K]
-    x0 = xb[0:QK_K]
-    for k in range(QK_K):
-        acc[k] = w0[k] * x0[k]
-    for sb in range(1, n_sb):
-        ws = w[QK_K * sb : QK_K * sb + QK_K]
-        xs = xb[QK_K * sb : QK_K * sb + QK_K]
-        for k in range(QK_K):
-            acc[k] += ws[k] * xs[k]
-    return _tree(acc)
+def _dot_codegen(context, builder, signature, args):
+    """LLVM IR of _vdot. Vector fmul/fadd are exact IEEE per element, so each lane's chain is the scalar
+    chain written here, whatever the target's register width."""
+    wa = context.make_array(signature.args[0])(context, builder, args[0])
+    xa = context.make_array(signature.args[1])(context, builder, args[1])
+    n = args[2]
+    i64 = ir.IntType(64)
+    vec = ir.VectorType(ir.FloatType(), DOT_LANES)
+    zero = ir.Constant(vec, [0.0] * DOT_LANES)
+    entry = builder.basic_block
+    loop = builder.append_basic_block("vdot.loop")
+    done = builder.append_basic_block("vdot.done")
+    builder.cbranch(builder.icmp_signed(">", n, ir.Constant(i64, 0)), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(i64)
+    i.add_incoming(ir.Constant(i64, 0), entry)
+    accs = [builder.phi(vec) for _ in range(DOT_VECTORS)]  # LLVM wants the phis first in the block
+    new = []
+    for j, acc in enumerate(accs):
+        acc.add_incoming(zero, entry)
+        off = builder.add(i, ir.Constant(i64, DOT_LANES * j))
+        wv = builder.load(builder.bitcast(builder.gep(wa.data, [off]), vec.as_pointer()), align=4)
+        xv = builder.load(builder.bitcast(builder.gep(xa.data, [off]), vec.as_pointer()), align=4)
+        new.append(builder.fadd(acc, builder.fmul(wv, xv)))
+    nxt = builder.add(i, ir.Constant(i64, DOT_LANES * DOT_VECTORS))
+    body_end = builder.basic_block
+    i.add_incoming(nxt, body_end)
+    for acc, v in zip(accs, new, strict=True):
+        acc.add_incoming(v, body_end)
+    builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
+    builder.position_at_end(done)
+    fin = []
+    for v in new:
+        f = builder.phi(vec)
+        f.add_incoming(zero, entry)
+        f.add_incoming(v, body_end)
+        fin.append(f)
+    total = builder.fadd(builder.fadd(fin[0], fin[1]), builder.fadd(fin[2], fin[3]))
+    width = DOT_LANES
+    while width > 1:
+        half = width // 2
+        lo = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half)))
+        hi = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half, width)))
+        total = builder.fadd(
+            builder.shuffle_vector(total, total, lo), builder.shuffle_vector(total, total, hi)
+        )
+        width = half
+    return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
 
 
-@njit(cache=True)
-def _dot2(
-    w: np.ndarray, xa: np.ndarray, xb: np.ndarray, acc: np.ndarray, acc2: np.ndarray
-) -> tuple[np.float32, np.float32]:
-    """_dot for two activation rows at once (one pass over w): each row gets exactly _dot's operations
-    in _dot's order, so its result is bit-identical to _dot's."""
-    n_sb = w.shape[0] // QK_K
-    w0 = w[0:QK_K]
-    a0 = xa[0:QK_K]
-    b0 = xb[0:QK_K]
-    for k in range(QK_K):
-        acc[k] = w0[k] * a0[k]
-        acc2[k] = w0[k] * b0[k]
-    for sb in range(1, n_sb):
-        ws = w[QK_K * sb : QK_K * sb + QK_K]
-        a_s = xa[QK_K * sb : QK_K * sb + QK_K]
-        b_s = xb[QK_K * sb : QK_K * sb + QK_K]
-        for k in range(QK_K):
-            acc[k] += ws[k] * a_s[k]
-            acc2[k] += ws[k] * b_s[k]
-    return _tree(acc), _tree(acc2)
+@intrinsic
+def _vdot(typingctx, w, x, n):
+    """sum_i w[i] * x[i] for i < n (n a multiple of 64; w, x C-contiguous float32) in one fixed order:
+    64 lanes (four vectors of 16), lane l takes i = l mod 64 in order; then (v0 + v1) + (v2 + v3) and a
+    halving tree over the 16 lanes (8, 4, 2, 1). Emitted as LLVM vector IR: numba's plain loops get no
+    SLP vectorisation and cannot vectorise a float reduction without reassociation, which would leave
+    the order to the compiler."""
+    for arr in (w, x):
+        if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"):
+            return None
+        if arr.dtype != types.float32:
+            return None
+    if not isinstance(n, types.Integer):
+        return None
+    return types.float32(w, x, types.int64), _dot_codegen
 
 
 @njit(cache=True)
@@ -284,15 +305,10 @@ def _matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int) -> No
         w = np.empty(n_in, np.float32)
         ds = np.empty(16, np.float32)
         dm = np.empty(8, np.float32)
-        acc = np.empty(QK_K, np.float32)
-        acc2 = np.empty(QK_K, np.float32)
         for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
             _deq_row(blocks[o], kind, w, ds, dm)
-            # pairs of activation rows share each pass over w; every row's arithmetic is _dot's
-            for p in range(n_b // 2):
-                out[2 * p, o], out[2 * p + 1, o] = _dot2(w, x[2 * p], x[2 * p + 1], acc, acc2)
-            if n_b % 2:
-                out[n_b - 1, o] = _dot(w, x[n_b - 1], acc)
+            for b in range(n_b):
+                out[b, o] = _vdot(w, x[b], n_in)
 
 
 @njit(cache=True)
@@ -319,21 +335,21 @@ def _int8_acts(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
 def q4_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """Q4_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
     _check(blocks, x.shape[1], Q4_K_BYTES, x.shape[0], out)
-    _matmul(blocks, x, out, 0)
+    _matmul(blocks, np.ascontiguousarray(x), out, 0)
 
 
 @njit(cache=True)
 def q5_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """Q5_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
     _check(blocks, x.shape[1], Q5_K_BYTES, x.shape[0], out)
-    _matmul(blocks, x, out, 1)
+    _matmul(blocks, np.ascontiguousarray(x), out, 1)
 
 
 @njit(cache=True)
 def q6_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """Q6_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
     _check(blocks, x.shape[1], Q6_K_BYTES, x.shape[0], out)
-    _matmul(blocks, x, out, 2)
+    _matmul(blocks, np.ascontiguousarray(x), out, 2)
 
 
 # The int8 kernels multiply the quantized activations (xq * xs, rounded to float32 once per call) with
