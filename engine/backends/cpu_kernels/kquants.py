@@ -9,10 +9,13 @@ Block layouts (little endian, as gguf/quants.py and llama.cpp's ggml-common.h de
 - Q6_K, 210 bytes: ql 128 bytes (low nibbles), qh 64 bytes (2 high bits), 16 int8 scales (one per 16
   weights), d f16 last; weight = d * scale[w // 16] * (q - 32).
 
-Every kernel runs `prange` over chunks of output rows only; one dot product never leaves its thread,
-and the reduction over the input follows one order written here (super-blocks in order, eight lane
-accumulators, a fixed tree over the lanes), whatever the batch width B or a row's place in it. So
-out[b, o] is bit-identical however the batch is composed (batch invariance).
+How the matmuls work: each task (ROWS_PER_TASK output rows, `prange` over tasks, so over output rows
+only) dequantizes one weight row at a time into an L1-resident float32 buffer, with exactly the values
+gguf's dequantizer gives (the same code serves `dequantize_rows`), then takes one dot per activation row
+with `_vdot`: LLVM vector IR whose order is fixed in the code (64 lanes in order, a fixed tree). One dot
+never leaves its thread and nothing in it depends on B or on a row's place in the batch, so out[b, o]
+is bit-identical however the batch is composed (batch invariance). The int8 kernels run the same dot
+on xq * xs (see the note above them).
 """
 
 from __future__ import annotations
