@@ -107,10 +107,17 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
     notice = fallback_notice(choice)
     if notice:
         print(notice, file=sys.stderr, flush=True)
-    if settings.threads:
-        threadpool_limits(limits=settings.threads, user_api="blas")
-    if settings.cpu_kernels != "blas":
+    if settings.cpu_kernels != "blas" and choice.selected == "cpu":
         use_kernel_cache()
+        # The numba kernels run the matmuls on `threads` threads; BLAS (long prefill attention only)
+        # keeps one, since two spinning thread pools on the same cores slow each other down 2x.
+        threadpool_limits(limits=1, user_api="blas")
+        if settings.threads:
+            import numba
+
+            numba.set_num_threads(min(settings.threads, numba.config.NUMBA_NUM_THREADS))
+    elif settings.threads:
+        threadpool_limits(limits=settings.threads, user_api="blas")
     path = resolve_model_path(settings.model)
     config = engine_config(settings)
     if max_num_seqs is not None:

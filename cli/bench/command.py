@@ -290,7 +290,12 @@ def _emit(
     sys.stdout.flush()
 
 
-def _blas_threads() -> int | None:
+def _compute_threads(cpu_kernels: str) -> int | None:
+    """Threads the matmuls run on: numba's with the cpu kernels, BLAS's otherwise."""
+    if cpu_kernels != "blas":
+        import numba
+
+        return numba.get_num_threads()
     from infer.cli.fingerprint import blas_info
 
     info = blas_info()
@@ -410,7 +415,8 @@ def bench(
         header = {
             "model": model_name,
             "backend": choice.selected,
-            "threads": settings.threads or _blas_threads() or 0,
+            "threads": settings.threads or _compute_threads(settings.cpu_kernels) or 0,
+            "cpu_kernels": settings.cpu_kernels,
             "load_seconds": round(engine.load_seconds, 3),
             "profile": settings.profile_name,
             "sampling": {"temperature": settings.sampling.temperature, "seed": seed},

@@ -1,0 +1,96 @@
+"""Batch invariance with the exact CPU kernels: a decode or verify row's logits are the same bits (==)
+alone, beside up to 63 other sequences of any lengths, at any place in the batch, next to prefill
+chunks, or as one of k+1 rows verifying drafts of its own sequence. Speculative decoding and
+`infer gate` rest on this (DESIGN.md, Determinism)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from infer.engine.backends.cpu import CpuBackend
+from infer.engine.batch import ForwardBatch, Segment
+from infer.engine.loader import load_checkpoint
+from infer.engine.models import build_model
+from infer.engine.runtime.engine import Engine, EngineConfig
+from infer.engine.runtime.request import Request
+from infer.engine.sampling import SamplingParams
+
+pytest_plugins = ["conftest_synthetic"]
+
+SLOTS = 64
+"""Sequences that decode; one more slot takes the prefill chunks that ride along."""
+CAPACITY = 96
+
+
+@pytest.fixture(scope="module")
+def quantized_model(tiny_model_factory: Callable[..., object]) -> object:
+    return tiny_model_factory(quant="Q8_0", kv_heads=2, layers=2)
+
+
+def _forward(model, cache, segments: list[tuple[int, int, list[int]]]) -> np.ndarray:
+    """Logits of every row of a ragged batch of (slot, start, tokens) segments."""
+    tokens = [t for _, _, ids in segments for t in ids]
+    batch = ForwardBatch(
+        np.asarray(tokens, dtype=np.int64),
+        tuple(Segment(slot, start, len(ids)) for slot, start, ids in segments),
+        np.arange(len(tokens), dtype=np.int64),
+    )
+    return model.forward(batch, cache)
+
+
+def test_decode_and_verify_rows_are_bit_identical_in_any_batch(quantized_model) -> None:
+    model = build_model(load_checkpoint(quantized_model.gguf_path), CpuBackend(kernels="exact"))
+    cache = model.make_cache(SLOTS + 1, CAPACITY)
+    rng = np.random.default_rng(7)
+    vocab = model.vocab_size
+    # Every slot holds a prompt of its own length, prefilled alone (a run longer than the kernel
+    # group goes through BLAS attention, on its own, so it is the same whatever else runs).
+    prompts = [rng.integers(3, vocab, int(rng.integers(2, 40))).tolist() for _ in range(SLOTS)]
+    for slot, prompt in enumerate(prompts):
+        _forward(model, cache, [(slot, 0, prompt)])
+    nexts = rng.integers(3, vocab, SLOTS).tolist()
+    alone = [_forward(model, cache, [(slot, len(prompts[slot]), [nexts[slot]])])[0] for slot in range(SLOTS)]
+
+    for trial in range(12):
+        width = int(rng.integers(1, SLOTS + 1)) if trial else SLOTS
+        chosen = rng.choice(SLOTS, size=width, replace=False)
+        segments: list[tuple[int, int, list[int]]] = []
+        decode_rows: list[tuple[int, int]] = []  # (batch row, slot)
+        row = 0
+        for slot in chosen.tolist():
+            drafts = rng.integers(3, vocab, int(rng.integers(0, 5))).tolist() if rng.random() < 0.3 else []
+            segments.append((slot, len(prompts[slot]), [nexts[slot], *drafts]))
+            decode_rows.append((row, slot))
+            row += 1 + len(drafts)
+        if rng.random() < 0.5:  # a prefill chunk of a fresh prompt rides along, anywhere in the batch
+            fresh = rng.integers(3, vocab, int(rng.integers(2, 30))).tolist()
+            at = int(rng.integers(0, len(segments) + 1))
+            segments.insert(at, (SLOTS, 0, fresh))
+            decode_rows = [(r + (len(fresh) if i >= at else 0), s) for i, (r, s) in enumerate(decode_rows)]
+        logits = _forward(model, cache, segments)
+        for batch_row, slot in decode_rows:
+            assert (logits[batch_row] == alone[slot]).all(), (trial, slot)
+
+
+def test_sixteen_concurrent_requests_equal_their_solo_runs(quantized_model) -> None:
+    checkpoint = load_checkpoint(quantized_model.gguf_path)
+    tokenizer = checkpoint.tokenizer
+    config = EngineConfig(ctx_size=128, max_num_seqs=16, max_batched_tokens=256, batch_size=16)
+
+    def engine() -> Engine:
+        model = build_model(load_checkpoint(quantized_model.gguf_path), CpuBackend(kernels="exact"))
+        return Engine(model, tokenizer, config)
+
+    rng = np.random.default_rng(3)
+    requests = []
+    for i in range(16):
+        prompt = tuple(rng.integers(3, checkpoint.config.vocab_size, int(rng.integers(3, 40))).tolist())
+        params = SamplingParams(temperature=0.0) if i % 2 else SamplingParams(temperature=0.9, seed=100 + i)
+        requests.append(Request(prompt_ids=prompt, sampling=params, max_tokens=12, ignore_eos=True))
+    solo = [engine().generate(r).token_ids for r in requests]
+    together = engine()
+    streams = [together.submit(r) for r in requests]
+    assert [s.result().token_ids for s in streams] == solo
