@@ -1,0 +1,247 @@
+"""The pure parts of scripts/bench_vs_llamacpp.py: parsing llama.cpp's outputs, the CMake flag choice
+from /proc/cpuinfo, the build cache key and the ratio/target table. Nothing here builds or runs
+llama.cpp."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import bench_vs_llamacpp as bvl
+import llamacpp_build as lb
+
+# llama-bench -o json (fields trimmed to the ones the printer writes around the figures we read).
+LLAMA_BENCH_JSON = """[
+  {
+    "build_commit": "unknown",
+    "build_number": 0,
+    "cpu_info": "AMD EPYC",
+    "model_filename": "/root/.cache/infer/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "model_type": "llama 135M Q4_1",
+    "n_threads": 2,
+    "n_prompt": 512,
+    "n_gen": 0,
+    "n_depth": 0,
+    "test_time": "2026-12-01T05:40:00Z",
+    "avg_ns": 1234567890,
+    "stddev_ns": 1234567,
+    "avg_ts": 1520.337412,
+    "stddev_ts": 12.5,
+    "samples_ns": [ 1234567890, 1234567890 ],
+    "samples_ts": [ 1520.1, 1520.5 ]
+  },
+  {
+    "build_commit": "unknown",
+    "n_threads": 2,
+    "n_prompt": 0,
+    "n_gen": 128,
+    "n_depth": 0,
+    "avg_ns": 1500000000,
+    "stddev_ns": 1000,
+    "avg_ts": 85.25,
+    "stddev_ts": 0.7,
+    "samples_ns": [ 1500000000 ],
+    "samples_ts": [ 85.25 ]
+  },
+  {
+    "n_prompt": 64,
+    "n_gen": 16,
+    "avg_ts": 300.0,
+    "stddev_ts": 0.0
+  }
+]
+"""
+
+BATCHED_BENCH_OUT = """\
+llama_model_loader: loaded meta data with 33 key-value pairs
+main: n_kv_max = 4096, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0, n_threads = 2
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|    32 |     64 |   16 |   1536 |    0.410 |  1248.78 |    3.200 |   320.00 |    3.610 |   425.48 |
+
+llama_perf_context_print:        load time =      80.00 ms
+"""
+
+
+def test_llama_bench_json_gives_tps_per_test() -> None:
+    got = bvl.parse_llama_bench_json(LLAMA_BENCH_JSON)
+    assert got == {"pp512": pytest.approx(1520.337412), "tg128": 85.25, "pp64+tg16": 300.0}
+
+
+def test_batched_bench_table_row() -> None:
+    rows = bvl.parse_batched_bench_table(BATCHED_BENCH_OUT)
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row.pp, row.tg, row.b, row.n_kv) == (32, 64, 16, 1536)
+    assert row.s_tg == 320.0 and row.s_pp == 1248.78 and row.t == 3.61
+    # Generated tokens over the whole run: 16 * 64 / 3.61.
+    assert row.generated_per_s == pytest.approx(1024 / 3.61)
+
+
+def test_batched_bench_table_ignores_header_and_log_lines() -> None:
+    header_only = "\n".join(BATCHED_BENCH_OUT.splitlines()[:5])
+    assert bvl.parse_batched_bench_table(header_only) == []
+    two = (
+        BATCHED_BENCH_OUT
+        + "|     8 |      1 |    1 |      9 |    0.010 |   800.00 |    0.020 |    50.00 |"
+        + "    0.030 |   300.00 |\n"
+    )
+    assert [r.b for r in bvl.parse_batched_bench_table(two)] == [16, 1]
+
+
+def test_infer_bench_tps_picks_test_and_concurrency() -> None:
+    report = {
+        "results": [
+            {"test": "tg64", "concurrency": 1, "tps_mean": 70.0},
+            {"test": "tg64", "concurrency": 16, "tps_mean": 250.0},
+            {"test": "pp512", "concurrency": 1, "tps_mean": 900.0},
+        ]
+    }
+    assert bvl.infer_bench_tps(report, "tg64") == 70.0
+    assert bvl.infer_bench_tps(report, "tg64", concurrency=16) == 250.0
+    assert bvl.infer_bench_tps(report, "pp512") == 900.0
+    with pytest.raises(bvl.RunError, match="tg128"):
+        bvl.infer_bench_tps(report, "tg128")
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+flags\t\t: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c bmi1 avx2 bmi2 avx512f avx512dq avx512cd \
+avx512bw avx512vl avx_vnni avx512_bf16 avx512vbmi avx512_vbmi2 avx512_vnni amx_tile amx_int8 amx_bf16
+bugs\t\t: sysret_ss_attrs
+"""
+
+
+def test_cpuinfo_flags_reads_first_flags_line() -> None:
+    flags = lb.cpuinfo_flags(CPUINFO)
+    assert {"avx2", "avx512_vnni", "amx_tile"} <= flags
+    assert "sysret_ss_attrs" not in flags
+    assert lb.cpuinfo_flags("processor\t: 0\n") == set()
+
+
+def test_cmake_options_full_avx512_machine_keeps_amx_and_blas_off() -> None:
+    opts = lb.cmake_options(lb.cpuinfo_flags(CPUINFO))
+    for key in (
+        "GGML_AVX",
+        "GGML_AVX2",
+        "GGML_FMA",
+        "GGML_F16C",
+        "GGML_BMI2",
+        "GGML_AVX_VNNI",
+        "GGML_AVX512",
+        "GGML_AVX512_VBMI",
+        "GGML_AVX512_VNNI",
+        "GGML_AVX512_BF16",
+    ):
+        assert opts[key] == "ON", key
+    # The CPU reports AMX, but a native AMX build segfaults where the kernel grants no AMX state.
+    assert opts["GGML_AMX_TILE"] == opts["GGML_AMX_INT8"] == opts["GGML_AMX_BF16"] == "OFF"
+    assert opts["GGML_NATIVE"] == "OFF" and opts["GGML_BLAS"] == "OFF"
+
+
+def test_cmake_options_avx2_only_machine() -> None:
+    opts = lb.cmake_options({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
+    assert opts["GGML_AVX2"] == "ON" and opts["GGML_FMA"] == "ON"
+    assert opts["GGML_AVX512"] == opts["GGML_AVX_VNNI"] == "OFF"
+
+
+def test_cmake_options_avx512_extensions_need_the_full_avx512_base() -> None:
+    # avx512f without bw/vl (Knights Landing style) cannot build ggml's AVX512 path, so neither it nor
+    # its extensions are switched on even when the extension flags are present.
+    opts = lb.cmake_options({"avx", "avx2", "avx512f", "avx512cd", "avx512_vnni", "avx512vbmi"})
+    assert opts["GGML_AVX512"] == "OFF"
+    assert opts["GGML_AVX512_VNNI"] == opts["GGML_AVX512_VBMI"] == "OFF"
+    assert lb.cmake_options(set())["GGML_AVX"] == "OFF"
+
+
+def test_options_key_changes_with_version_and_flags() -> None:
+    a = lb.cmake_options({"avx", "avx2"})
+    b = lb.cmake_options({"avx"})
+    assert lb.options_key("0.3.36", a) == lb.options_key("0.3.36", dict(reversed(list(a.items()))))
+    assert lb.options_key("0.3.36", a) != lb.options_key("0.3.36", b)
+    assert lb.options_key("0.3.36", a) != lb.options_key("0.3.37", a)
+    assert lb.options_key("0.3.36", a).startswith("0.3.36-")
+
+
+def test_sdist_version_from_file_name() -> None:
+    assert lb.sdist_version(Path("llama_cpp_python-0.3.36.tar.gz")) == "0.3.36"
+    with pytest.raises(lb.BuildError):
+        lb.sdist_version(Path("llama_cpp_python-0.3.36-cp311-linux_x86_64.whl"))
+
+
+def test_default_cache_dir_follows_infer_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("INFER_HOME", str(tmp_path))
+    assert lb.default_cache_dir() == tmp_path / "llamacpp-build"
+    monkeypatch.delenv("INFER_HOME")
+    assert lb.default_cache_dir() == Path.home() / ".cache" / "infer" / "llamacpp-build"
+
+
+def test_missing_cmake_is_a_one_line_build_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(lb.shutil, "which", lambda name: None)
+    with pytest.raises(lb.BuildError, match="cmake not found"):
+        lb.ensure_built(tmp_path, {"avx2"})
+    assert not any(tmp_path.iterdir())
+
+
+def test_existing_build_is_reused_without_cmake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    flags = {"avx", "avx2", "fma", "f16c"}
+    (tmp_path / "sdist").mkdir()
+    (tmp_path / "sdist" / "llama_cpp_python-0.3.36.tar.gz").write_bytes(b"")
+    bin_dir = tmp_path / f"build-{lb.options_key('0.3.36', lb.cmake_options(flags))}" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in lb.TARGETS:
+        (bin_dir / name).write_text("")
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("cmake must not run when the build exists")
+
+    monkeypatch.setattr(lb.subprocess, "run", no_run)
+    monkeypatch.setattr(lb.shutil, "which", lambda name: f"/usr/bin/{name}")
+    got = lb.ensure_built(tmp_path, flags)
+    assert got.bench == bin_dir / "llama-bench" and got.build_seconds == 0.0 and got.version == "0.3.36"
+    # Flags that change an option mean another build folder, which does not exist yet: that builds.
+    monkeypatch.setattr(lb, "_extract_sources", lambda sdist, cache, version: tmp_path)
+    with pytest.raises(AssertionError, match="must not run"):
+        lb.ensure_built(tmp_path, flags | {"bmi2"})
+
+
+def _fig(name: str, infer: float, llama: float, kind: str, target: float, unit: str = "tok/s") -> bvl.Figure:
+    return bvl.Figure(name, unit, infer, llama, kind, target, "infer x", "llama y")
+
+
+def test_figure_ratio_and_pass_rules() -> None:
+    decode = _fig("decode", 90.0, 100.0, "ratio_min", 1.0)
+    assert decode.ratio == pytest.approx(0.9) and not decode.passed
+    assert _fig("decode", 100.0, 100.0, "ratio_min", 1.0).passed
+    rss = _fig("rss", 390.0, 130.0, "abs_max", 400, "MB")
+    assert rss.ratio == pytest.approx(3.0) and rss.passed
+    assert not _fig("rss", 401.0, 130.0, "abs_max", 400, "MB").passed
+    assert rss.target_text == "<= 400 MB" and decode.target_text == ">= 1x"
+    record = json.loads(json.dumps(decode.to_json()))
+    assert record["ratio"] == pytest.approx(0.9) and record["passed"] is False and record["infer"] == 90.0
+
+
+def test_decode_target_follows_kernel_mode() -> None:
+    assert bvl.decode_target([], None) == (1.0, "exact")
+    assert bvl.decode_target(["--profile", "cpu-int8.yaml"], None) == (1.3, "int8")
+    assert bvl.decode_target(["--profile", "x"], 1.2) == (1.2, "exact")
+
+
+def test_render_table_has_one_row_per_figure_with_verdicts() -> None:
+    figures = [
+        _fig("batch-1 decode, exact", 40.0, 80.0, "ratio_min", 1.0),
+        _fig("prefill 512", 3000.0, 1500.0, "ratio_min", 1.5),
+        _fig("peak RSS", 1024.0, 133.0, "abs_max", 400, "MB"),
+    ]
+    lines = bvl.render_table(figures).splitlines()
+    assert lines[0].split() == ["figure", "infer", "llama.cpp", "ratio", "target", "result"]
+    assert len(lines) == 2 + len(figures)
+    assert lines[2].startswith("batch-1 decode, exact (tok/s)") and "0.50x" in lines[2]
+    assert lines[2].endswith("FAIL") and lines[3].endswith("pass") and lines[4].endswith("FAIL")
+    assert "2.00x" in lines[3] and "<= 400 MB" in lines[4] and "1,024.0" in lines[4]
