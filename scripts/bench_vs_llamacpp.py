@@ -105,12 +105,17 @@ def parse_batched_bench_table(text: str) -> list[BatchedRow]:
     return rows
 
 
-def infer_bench_tps(report: dict[str, Any], test: str, concurrency: int = 1) -> float:
-    """Mean tokens/s of one test in `infer bench --json` output."""
+def infer_bench_tps(report: dict[str, Any], n_prompt: int, n_gen: int, concurrency: int = 1) -> float:
+    """Mean tokens/s of the `infer bench --json` result with this shape (matched on the record's
+    fields, not its name: a concurrency run is named `tg64 c16`). A run with failed requests is an
+    error, not a figure."""
     for result in report["results"]:
-        if result["test"] == test and int(result.get("concurrency", 1)) == concurrency:
+        shape = (int(result["n_prompt"]), int(result["n_gen"]), int(result.get("concurrency", 1)))
+        if shape == (n_prompt, n_gen, concurrency):
+            if int(result.get("errors", 0)):
+                raise RunError(f"infer bench {result['test']}: {result['errors']} request(s) failed")
             return float(result["tps_mean"])
-    raise RunError(f"infer bench --json has no {test} (concurrency {concurrency}) result")
+    raise RunError(f"infer bench --json has no result for p={n_prompt} n={n_gen} c={concurrency}")
 
 
 @dataclass(frozen=True)
@@ -266,16 +271,16 @@ def measure(setup: Setup, target: float, mode: str, say: Any) -> tuple[list[Figu
     extra: dict[str, Any] = {}
     say("batch-1 decode ...")
     ll_tg = setup.llama_bench("-p", "0", "-n", "128")["tg128"]
-    in_tg = infer_bench_tps(setup.infer_bench("-p", "0", "-n", "128"), "tg128")
+    in_tg = infer_bench_tps(setup.infer_bench("-p", "0", "-n", "128"), 0, 128)
     say("prefill 512 ...")
     ll_pp = setup.llama_bench("-p", "512", "-n", "0")["pp512"]
-    in_pp = infer_bench_tps(setup.infer_bench("-p", "512", "-n", "0"), "pp512")
+    in_pp = infer_bench_tps(setup.infer_bench("-p", "512", "-n", "0"), 512, 0)
     say("16-stream decode ...")
     row16, _ = setup.batched(32, 64, 16)
     extra["llamacpp_16_stream_s_tg"] = row16.s_tg
     extra["llamacpp_16_stream_s_pp"] = row16.s_pp
     conc = setup.infer_bench("--concurrency", "16", "--concurrency-prompt", "32", "-n", "64")
-    in_16 = infer_bench_tps(conc, "tg64", concurrency=16)
+    in_16 = infer_bench_tps(conc, 32, 64, concurrency=16)
     say("peak RSS ...")
     ll_rss = setup.batched(32, 128, 1)[1].peak_rss_mb
     gen = ["generate", "-n", "128", "--ignore-eos", "--temp", "0", "-c", str(CTX), RSS_PROMPT]

@@ -95,19 +95,22 @@ def test_batched_bench_table_ignores_header_and_log_lines() -> None:
     assert [r.b for r in bvl.parse_batched_bench_table(two)] == [16, 1]
 
 
-def test_infer_bench_tps_picks_test_and_concurrency() -> None:
+def test_infer_bench_tps_matches_shape_not_name() -> None:
     report = {
         "results": [
-            {"test": "tg64", "concurrency": 1, "tps_mean": 70.0},
-            {"test": "tg64", "concurrency": 16, "tps_mean": 250.0},
-            {"test": "pp512", "concurrency": 1, "tps_mean": 900.0},
+            {"test": "tg64", "n_prompt": 0, "n_gen": 64, "concurrency": 1, "tps_mean": 70.0},
+            {"test": "tg64 c16", "n_prompt": 32, "n_gen": 64, "concurrency": 16, "tps_mean": 250.0},
+            {"test": "pp512", "n_prompt": 512, "n_gen": 0, "concurrency": 1, "tps_mean": 900.0},
         ]
     }
-    assert bvl.infer_bench_tps(report, "tg64") == 70.0
-    assert bvl.infer_bench_tps(report, "tg64", concurrency=16) == 250.0
-    assert bvl.infer_bench_tps(report, "pp512") == 900.0
-    with pytest.raises(bvl.RunError, match="tg128"):
-        bvl.infer_bench_tps(report, "tg128")
+    assert bvl.infer_bench_tps(report, 0, 64) == 70.0
+    assert bvl.infer_bench_tps(report, 32, 64, concurrency=16) == 250.0
+    assert bvl.infer_bench_tps(report, 512, 0) == 900.0
+    with pytest.raises(bvl.RunError, match="n=128"):
+        bvl.infer_bench_tps(report, 0, 128)
+    report["results"][1]["errors"] = 2
+    with pytest.raises(bvl.RunError, match="2 request"):
+        bvl.infer_bench_tps(report, 32, 64, concurrency=16)
 
 
 CPUINFO = """processor\t: 0
