@@ -15,38 +15,99 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_vs_llamacpp as bvl
 import llamacpp_build as lb
 
-# llama-bench -o json (fields trimmed to the ones the printer writes around the figures we read).
+# llama-bench 0.3.36 -o json as captured on this machine (-p 16 -n 8 -r 1), plus a hand-made -pg record.
 LLAMA_BENCH_JSON = """[
   {
-    "build_commit": "unknown",
-    "build_number": 0,
+    "build_commit": "0c1e570",
+    "build_number": 1,
     "cpu_info": "AMD EPYC",
+    "gpu_info": "",
+    "backends": "CPU",
     "model_filename": "/root/.cache/infer/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-    "model_type": "llama 135M Q4_1",
+    "model_type": "llama 256M Q4_1",
+    "model_size": 96576768,
+    "model_n_params": 134515008,
+    "n_batch": 2048,
+    "n_ubatch": 512,
     "n_threads": 2,
-    "n_prompt": 512,
+    "cpu_mask": "0x0",
+    "cpu_strict": false,
+    "poll": 50,
+    "type_k": "f16",
+    "type_v": "f16",
+    "n_gpu_layers": -1,
+    "n_cpu_moe": 0,
+    "split_mode": "layer",
+    "main_gpu": 0,
+    "no_kv_offload": false,
+    "flash_attn": -1,
+    "devices": "auto",
+    "tensor_split": "0.00",
+    "tensor_buft_overrides": "none",
+    "load_mode": "auto",
+    "lazy_mode": "auto",
+    "embeddings": false,
+    "no_op_offload": 0,
+    "no_host": false,
+    "repack": true,
+    "fit_target": 0,
+    "fit_min_ctx": 0,
+    "n_prompt": 16,
     "n_gen": 0,
     "n_depth": 0,
-    "test_time": "2026-12-01T05:40:00Z",
-    "avg_ns": 1234567890,
-    "stddev_ns": 1234567,
-    "avg_ts": 1520.337412,
-    "stddev_ts": 12.5,
-    "samples_ns": [ 1234567890, 1234567890 ],
-    "samples_ts": [ 1520.1, 1520.5 ]
+    "test_time": "2026-12-01T05:31:06Z",
+    "avg_ns": 37557126,
+    "stddev_ns": 0,
+    "avg_ts": 426.017688,
+    "stddev_ts": 0.000000,
+    "samples_ns": [ 37557126 ],
+    "samples_ts": [ 426.018 ]
   },
   {
-    "build_commit": "unknown",
+    "build_commit": "0c1e570",
+    "build_number": 1,
+    "cpu_info": "AMD EPYC",
+    "gpu_info": "",
+    "backends": "CPU",
+    "model_filename": "/root/.cache/infer/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "model_type": "llama 256M Q4_1",
+    "model_size": 96576768,
+    "model_n_params": 134515008,
+    "n_batch": 2048,
+    "n_ubatch": 512,
     "n_threads": 2,
+    "cpu_mask": "0x0",
+    "cpu_strict": false,
+    "poll": 50,
+    "type_k": "f16",
+    "type_v": "f16",
+    "n_gpu_layers": -1,
+    "n_cpu_moe": 0,
+    "split_mode": "layer",
+    "main_gpu": 0,
+    "no_kv_offload": false,
+    "flash_attn": -1,
+    "devices": "auto",
+    "tensor_split": "0.00",
+    "tensor_buft_overrides": "none",
+    "load_mode": "auto",
+    "lazy_mode": "auto",
+    "embeddings": false,
+    "no_op_offload": 0,
+    "no_host": false,
+    "repack": true,
+    "fit_target": 0,
+    "fit_min_ctx": 0,
     "n_prompt": 0,
-    "n_gen": 128,
+    "n_gen": 8,
     "n_depth": 0,
-    "avg_ns": 1500000000,
-    "stddev_ns": 1000,
-    "avg_ts": 85.25,
-    "stddev_ts": 0.7,
-    "samples_ns": [ 1500000000 ],
-    "samples_ts": [ 85.25 ]
+    "test_time": "2026-12-01T05:31:06Z",
+    "avg_ns": 39463299,
+    "stddev_ns": 0,
+    "avg_ts": 202.720001,
+    "stddev_ts": 0.000000,
+    "samples_ns": [ 39463299 ],
+    "samples_ts": [ 202.72 ]
   },
   {
     "n_prompt": 64,
@@ -59,7 +120,8 @@ LLAMA_BENCH_JSON = """[
 
 BATCHED_BENCH_OUT = """\
 llama_model_loader: loaded meta data with 33 key-value pairs
-main: n_kv_max = 4096, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0, n_threads = 2
+llama_batched_bench: n_kv_max = 4096, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0, \
+is_tg_separate = 0, n_gpu_layers = -1, n_threads = 2, n_threads_batch = 2
 
 |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
 |-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
@@ -71,7 +133,7 @@ llama_perf_context_print:        load time =      80.00 ms
 
 def test_llama_bench_json_gives_tps_per_test() -> None:
     got = bvl.parse_llama_bench_json(LLAMA_BENCH_JSON)
-    assert got == {"pp512": pytest.approx(1520.337412), "tg128": 85.25, "pp64+tg16": 300.0}
+    assert got == {"pp16": 426.017688, "tg8": 202.720001, "pp64+tg16": 300.0}
 
 
 def test_batched_bench_table_row() -> None:
@@ -87,12 +149,15 @@ def test_batched_bench_table_row() -> None:
 def test_batched_bench_table_ignores_header_and_log_lines() -> None:
     header_only = "\n".join(BATCHED_BENCH_OUT.splitlines()[:5])
     assert bvl.parse_batched_bench_table(header_only) == []
+    # A row captured from llama-batched-bench 0.3.36 (-npp 8 -ntg 4 -npl 2) after the first one.
     two = (
         BATCHED_BENCH_OUT
-        + "|     8 |      1 |    1 |      9 |    0.010 |   800.00 |    0.020 |    50.00 |"
-        + "    0.030 |   300.00 |\n"
+        + "|     8 |      4 |    2 |     24 |    0.038 |   426.46 |    0.044 |   182.81 |"
+        + "    0.081 |   295.28 |\n"
     )
-    assert [r.b for r in bvl.parse_batched_bench_table(two)] == [16, 1]
+    rows = bvl.parse_batched_bench_table(two)
+    assert [r.b for r in rows] == [16, 2] and rows[1].s_tg == 182.81
+    assert rows[1].generated_per_s == pytest.approx(8 / 0.081)
 
 
 def test_infer_bench_tps_matches_shape_not_name() -> None:
