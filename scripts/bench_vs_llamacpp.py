@@ -1,7 +1,8 @@
 """`infer` against llama.cpp on the same GGUF, same thread count, in one run (issue 14, acceptance 4).
 
 Usage: python scripts/bench_vs_llamacpp.py [--threads N] [--model PATH] [--repetitions R]
-           [--infer-args "--profile X ..."] [--decode-target X] [--cache DIR] [--json]
+           [--infer-args "--profile X ..."] [--llamacpp-args "--poll 0"] [--decode-target X]
+           [--cache DIR] [--llamacpp-version V] [--json]
 
 Builds llama.cpp's `llama-bench` and `llama-batched-bench` from the `llama-cpp-python` sdist into a
 cache folder outside the repository (see scripts/llamacpp_build.py; reused when the sdist version and
@@ -17,6 +18,9 @@ flags match), then measures, each llama.cpp figure right beside its infer counte
                     -npp 8 -ntg 1 -npl 1, second run (for scale only: the target is absolute)
 `--infer-args` are appended to every infer command, so the same script compares kernel modes; the
 batch-1 decode target is 1.3x when they mention int8, else 1.0x (`--decode-target` overrides).
+The 1-minute load average is recorded at each stage and printed: on a shared machine llama.cpp's
+spinning thread pool loses far more than infer when cores are oversubscribed (`--llamacpp-args
+"--poll 0"` makes its workers sleep instead).
 Exit 2 with one line when cmake is missing, the build fails or a benchmark command fails.
 """
 
@@ -238,6 +242,7 @@ class Setup:
     threads: int
     repetitions: int
     infer_args: list[str]
+    llamacpp_args: list[str]
 
     def infer(self, *args: str) -> list[str]:
         """An `infer` command line on the model with the thread count and the pass-through args."""
@@ -251,14 +256,15 @@ class Setup:
     def llama_bench(self, *args: str) -> dict[str, float]:
         """`llama-bench ... -o json`, parsed."""
         cmd = [str(self.bins.bench), "-m", str(self.model), "-t", str(self.threads)]
-        done = run([*cmd, "-r", str(self.repetitions), "-o", "json", *args], "llama-bench")
+        cmd += ["-r", str(self.repetitions), "-o", "json", *args, *self.llamacpp_args]
+        done = run(cmd, "llama-bench")
         return parse_llama_bench_json(done.stdout)
 
     def batched(self, npp: int, ntg: int, npl: int) -> tuple[BatchedRow, Finished]:
         """One llama-batched-bench run and its single table row."""
         cmd = [str(self.bins.batched_bench), "-m", str(self.model), "-t", str(self.threads)]
         cmd += ["-tb", str(self.threads), "-c", str(CTX)]
-        cmd += ["-npp", str(npp), "-ntg", str(ntg), "-npl", str(npl)]
+        cmd += ["-npp", str(npp), "-ntg", str(ntg), "-npl", str(npl), *self.llamacpp_args]
         done = run(cmd, "llama-batched-bench")
         rows = parse_batched_bench_table(done.stdout + "\n" + done.stderr)
         if not rows:
@@ -268,29 +274,38 @@ class Setup:
 
 def measure(setup: Setup, target: float, mode: str, say: Any) -> tuple[list[Figure], dict[str, Any]]:
     """Every figure, each llama.cpp run right beside its infer run (the shared machine drifts)."""
-    extra: dict[str, Any] = {}
-    say("batch-1 decode ...")
+    loads: list[float] = []
+
+    def stage(name: str) -> None:
+        # The 1-minute load average at each stage: other work on the machine slows both engines,
+        # llama.cpp's spinning thread pool most of all, so a reader must see it beside the figures.
+        loads.append(os.getloadavg()[0])
+        say(f"{name} ... (load average {loads[-1]:.2f})")
+
+    extra: dict[str, Any] = {"load_average_1m": loads}
+    stage("batch-1 decode")
     ll_tg = setup.llama_bench("-p", "0", "-n", "128")["tg128"]
     in_tg = infer_bench_tps(setup.infer_bench("-p", "0", "-n", "128"), 0, 128)
-    say("prefill 512 ...")
+    stage("prefill 512")
     ll_pp = setup.llama_bench("-p", "512", "-n", "0")["pp512"]
     in_pp = infer_bench_tps(setup.infer_bench("-p", "512", "-n", "0"), 512, 0)
-    say("16-stream decode ...")
+    stage("16-stream decode")
     row16, _ = setup.batched(32, 64, 16)
     extra["llamacpp_16_stream_s_tg"] = row16.s_tg
     extra["llamacpp_16_stream_s_pp"] = row16.s_pp
     conc = setup.infer_bench("--concurrency", "16", "--concurrency-prompt", "32", "-n", "64")
     in_16 = infer_bench_tps(conc, 32, 64, concurrency=16)
-    say("peak RSS ...")
+    stage("peak RSS")
     ll_rss = setup.batched(32, 128, 1)[1].peak_rss_mb
     gen = ["generate", "-n", "128", "--ignore-eos", "--temp", "0", "-c", str(CTX), RSS_PROMPT]
     in_rss = run(setup.infer(*gen), "infer generate").peak_rss_mb
-    say("warm start-up ...")
+    stage("warm start-up")
     startup = ["generate", "-n", "1", "--temp", "0", "Hello"]
     run(setup.infer(*startup), "infer generate")
     in_start = run(setup.infer(*startup), "infer generate").wall_s
     setup.batched(8, 1, 1)
     ll_start = setup.batched(8, 1, 1)[1].wall_s
+    loads.append(os.getloadavg()[0])
     figures = [
         Figure(
             f"batch-1 decode, {mode}", "tok/s", in_tg, ll_tg, "ratio_min", target,
@@ -334,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the default model)")
     ap.add_argument("--repetitions", "-r", type=int, default=3, help="llama-bench / infer bench -r")
     ap.add_argument("--infer-args", default="", help='extra infer arguments, e.g. "--profile X"')
+    ap.add_argument("--llamacpp-args", default="", help='extra llama.cpp arguments, e.g. "--poll 0"')
     ap.add_argument("--decode-target", type=float, default=None, help="batch-1 decode target ratio")
     ap.add_argument("--cache", type=Path, default=None, help="llama.cpp build cache folder")
     ap.add_argument("--llamacpp-version", default=None, help="llama-cpp-python sdist version")
@@ -352,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         if bins.build_seconds:
             say(f"built llama.cpp {bins.version} in {bins.build_seconds:.0f} s")
         model = args.model or default_model()
-        setup = Setup(bins, model, args.threads, args.repetitions, infer_args)
+        llamacpp_args = shlex.split(args.llamacpp_args)
+        setup = Setup(bins, model, args.threads, args.repetitions, infer_args, llamacpp_args)
         figures, extra = measure(setup, target, mode, say)
     except (BuildError, RunError) as exc:
         print(f"bench_vs_llamacpp: {exc}", file=sys.stderr)
@@ -362,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": str(model),
             "threads": args.threads,
             "infer_args": infer_args,
+            "llamacpp_args": llamacpp_args,
             "llamacpp": {
                 "version": bins.version,
                 "options": bins.options,
@@ -377,12 +395,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model {model.name}, {args.threads} threads, {source}")
         if infer_args:
             print(f"infer args: {shlex.join(infer_args)}")
+        if llamacpp_args:
+            print(f"llama.cpp args: {shlex.join(llamacpp_args)}")
         print(render_table(figures))
         print(
             "16-stream: both sides count generated tokens over the whole run, prefill included; "
             f"llama.cpp's decode-only S_TG was {extra['llamacpp_16_stream_s_tg']:.1f} tok/s.\n"
             "RSS: llama.cpp measured on llama-batched-bench -npl 1 (no llama-cli built). "
-            "Ratios are infer / llama.cpp."
+            "Ratios are infer / llama.cpp.\n"
+            f"Load average (1 min) over the run: {min(extra['load_average_1m']):.2f}-"
+            f"{max(extra['load_average_1m']):.2f} on {os.cpu_count()} cores (above the thread count, "
+            "figures are contended)."
         )
     return 0
 
