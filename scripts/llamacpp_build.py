@@ -27,6 +27,8 @@ from pathlib import Path
 
 TARGETS = ("llama-bench", "llama-batched-bench")
 """The only targets built: the full tree takes far longer on 2 cores."""
+COMPLETE = "complete.json"
+"""Stamp written in a build folder once both binaries are built: (sdist version, options)."""
 
 # cpuinfo flag(s) required -> the ggml CMake option they enable. GGML_AVX512 compiles with
 # -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw, so all five must be present.
@@ -130,28 +132,30 @@ class Binaries:
     """Wall time of this call's configure + build; 0.0 when the cached build was reused."""
 
 
-def ensure_sdist(cache: Path, version: str | None, log: LogFn) -> Path:
-    """The sdist in `cache/sdist`: `version` when given, else the newest already there; downloaded with
-    `pip download --no-deps --no-binary :all:` when missing."""
-    sdist_dir = cache / "sdist"
-    sdist_dir.mkdir(parents=True, exist_ok=True)
+def find_sdist(cache: Path, version: str | None) -> Path | None:
+    """The sdist already in `cache/sdist`: `version` when given, else the newest there; None if none."""
     found = sorted(
-        (p for p in sdist_dir.glob("llama_cpp_python-*.tar.gz") if _SDIST_RE.match(p.name)),
+        (p for p in (cache / "sdist").glob("llama_cpp_python-*.tar.gz") if _SDIST_RE.match(p.name)),
         key=lambda p: _version_key(sdist_version(p)),
     )
     if version is not None:
         found = [p for p in found if sdist_version(p) == version]
-    if found:
-        return found[-1]
+    return found[-1] if found else None
+
+
+def download_sdist(cache: Path, version: str | None, log: LogFn) -> Path:
+    """Fetch the sdist into `cache/sdist` with `pip download --no-deps --no-binary :all:`."""
+    sdist_dir = cache / "sdist"
+    sdist_dir.mkdir(parents=True, exist_ok=True)
     spec = "llama-cpp-python" if version is None else f"llama-cpp-python=={version}"
     log(f"downloading the {spec} sdist ...")
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
     proc = subprocess.run([*cmd, "-d", str(sdist_dir), spec], capture_output=True, text=True)
-    got = sorted(sdist_dir.glob("llama_cpp_python-*.tar.gz"), key=lambda p: _version_key(sdist_version(p)))
-    if proc.returncode != 0 or not got:
+    got = find_sdist(cache, version)
+    if proc.returncode != 0 or got is None:
         last = (proc.stderr.strip().splitlines() or ["no sdist downloaded"])[-1]
         raise BuildError(f"pip download {spec} failed: {last}")
-    return got[-1]
+    return got
 
 
 def _extract_sources(sdist: Path, cache: Path, version: str) -> Path:
@@ -168,6 +172,17 @@ def _extract_sources(sdist: Path, cache: Path, version: str) -> Path:
     return sources
 
 
+def _binaries(cache: Path, version: str, options: dict[str, str]) -> Binaries | None:
+    """The finished build for (version, options) in `cache`, or None."""
+    build_dir = cache / f"build-{options_key(version, options)}"
+    if not (build_dir / COMPLETE).is_file():
+        return None
+    bench, batched = build_dir / "bin" / TARGETS[0], build_dir / "bin" / TARGETS[1]
+    if not (bench.is_file() and batched.is_file()):
+        return None
+    return Binaries(bench, batched, version, options, 0.0)
+
+
 def ensure_built(
     cache: Path,
     flags: set[str],
@@ -179,18 +194,25 @@ def ensure_built(
     exists. Raises BuildError (one line) when cmake is missing or the build fails; the full build log
     stays in the build folder."""
     say = log or (lambda line: print(line, file=sys.stderr))
+    options = cmake_options(flags)
+    sdist = find_sdist(cache, version)
+    if sdist is not None:
+        cached = _binaries(cache, sdist_version(sdist), options)
+        if cached is not None:
+            return cached
+    # Only a build needs cmake: a cached build runs on a machine without it.
     if shutil.which("cmake") is None:
         raise BuildError("cmake not found on PATH (install cmake and a C++ compiler)")
-    sdist = ensure_sdist(cache, version, say)
+    if sdist is None:
+        sdist = download_sdist(cache, version, say)
     found_version = sdist_version(sdist)
-    options = cmake_options(flags)
+    cached = _binaries(cache, found_version, options)
+    if cached is not None:
+        return cached
     build_dir = cache / f"build-{options_key(found_version, options)}"
     bench, batched = build_dir / "bin" / TARGETS[0], build_dir / "bin" / TARGETS[1]
-    if bench.is_file() and batched.is_file():
-        return Binaries(bench, batched, found_version, options, 0.0)
     sources = _extract_sources(sdist, cache, found_version)
     build_dir.mkdir(parents=True, exist_ok=True)
-    (build_dir / "options.json").write_text(json.dumps({"version": found_version, **options}, indent=1))
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     configure = ["cmake", "-S", str(sources), "-B", str(build_dir), *generator]
     configure += [f"-D{k}={v}" for k, v in sorted(options.items())]
@@ -208,4 +230,6 @@ def ensure_built(
                 raise BuildError(f"llama.cpp {step} failed (exit {proc.returncode}); log: {log_path}")
     if not (bench.is_file() and batched.is_file()):
         raise BuildError(f"llama.cpp build produced no {bench.name}/{batched.name}; log: {log_path}")
+    # Written last, so an interrupted build is never taken for a finished one.
+    (build_dir / COMPLETE).write_text(json.dumps({"version": found_version, **options}, indent=1))
     return Binaries(bench, batched, found_version, options, time.perf_counter() - start)

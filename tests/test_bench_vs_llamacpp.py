@@ -265,18 +265,27 @@ def test_existing_build_is_reused_without_cmake(monkeypatch: pytest.MonkeyPatch,
     bin_dir.mkdir(parents=True)
     for name in lb.TARGETS:
         (bin_dir / name).write_text("")
+    (bin_dir.parent / lb.COMPLETE).write_text("{}")
 
     def no_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("cmake must not run when the build exists")
 
     monkeypatch.setattr(lb.subprocess, "run", no_run)
-    monkeypatch.setattr(lb.shutil, "which", lambda name: f"/usr/bin/{name}")
+    # A finished build needs no cmake.
+    monkeypatch.setattr(lb.shutil, "which", lambda name: None)
     got = lb.ensure_built(tmp_path, flags)
     assert got.bench == bin_dir / "llama-bench" and got.build_seconds == 0.0 and got.version == "0.3.36"
     # Flags that change an option mean another build folder, which does not exist yet: that builds.
     monkeypatch.setattr(lb, "_extract_sources", lambda sdist, cache, version: tmp_path)
+    with pytest.raises(lb.BuildError, match="cmake not found"):
+        lb.ensure_built(tmp_path, flags | {"bmi2"})
+    monkeypatch.setattr(lb.shutil, "which", lambda name: f"/usr/bin/{name}")
     with pytest.raises(AssertionError, match="must not run"):
         lb.ensure_built(tmp_path, flags | {"bmi2"})
+    # Binaries without the stamp (an interrupted build) are rebuilt too.
+    (bin_dir.parent / lb.COMPLETE).unlink()
+    with pytest.raises(AssertionError, match="must not run"):
+        lb.ensure_built(tmp_path, flags)
 
 
 def _fig(name: str, infer: float, llama: float, kind: str, target: float, unit: str = "tok/s") -> bvl.Figure:
@@ -313,3 +322,28 @@ def test_render_table_has_one_row_per_figure_with_verdicts() -> None:
     assert lines[2].startswith("batch-1 decode, exact (tok/s)") and "0.50x" in lines[2]
     assert lines[2].endswith("FAIL") and lines[3].endswith("pass") and lines[4].endswith("FAIL")
     assert "2.00x" in lines[3] and "<= 400 MB" in lines[4] and "1,024.0" in lines[4]
+
+
+def test_failed_configure_is_a_one_line_build_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "sdist").mkdir()
+    (tmp_path / "sdist" / "llama_cpp_python-0.3.36.tar.gz").write_bytes(b"")
+    monkeypatch.setattr(lb, "_extract_sources", lambda sdist, cache, version: tmp_path)
+    monkeypatch.setattr(lb.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(lb.subprocess, "run", lambda *a, **k: lb.subprocess.CompletedProcess(a, 1))
+    with pytest.raises(lb.BuildError, match=r"configure failed \(exit 1\); log: .*build\.log") as info:
+        lb.ensure_built(tmp_path, {"avx2"})
+    assert "\n" not in str(info.value)
+    assert not list(tmp_path.glob(f"build-*/{lb.COMPLETE}"))
+
+
+def test_main_exits_2_with_one_line_on_build_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise lb.BuildError("cmake not found on PATH (install cmake and a C++ compiler)")
+
+    monkeypatch.setattr(bvl, "ensure_built", fail)
+    assert bvl.main(["--cache", "/nonexistent"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "bench_vs_llamacpp: cmake not found on PATH (install cmake and a C++ compiler)\n"
