@@ -398,14 +398,16 @@ def main(argv: list[str] | None = None) -> int:
         if llamacpp_args:
             print(f"llama.cpp args: {shlex.join(llamacpp_args)}")
         print(render_table(figures))
+        loads = extra["load_average_1m"]
+        busy = max(loads) > args.threads + 0.5
+        verdict = "other work shared the cores, figures are contended" if busy else "a quiet machine"
         print(
             "16-stream: both sides count generated tokens over the whole run, prefill included; "
             f"llama.cpp's decode-only S_TG was {extra['llamacpp_16_stream_s_tg']:.1f} tok/s.\n"
             "RSS: llama.cpp measured on llama-batched-bench -npl 1 (no llama-cli built). "
             "Ratios are infer / llama.cpp.\n"
-            f"Load average (1 min) over the run: {min(extra['load_average_1m']):.2f}-"
-            f"{max(extra['load_average_1m']):.2f} on {os.cpu_count()} cores (above the thread count, "
-            "figures are contended)."
+            f"Load average (1 min) over the run: {min(loads):.2f}-{max(loads):.2f} on "
+            f"{os.cpu_count()} cores: {verdict}."
         )
     return 0
 
