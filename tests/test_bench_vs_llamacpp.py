@@ -347,3 +347,31 @@ def test_main_exits_2_with_one_line_on_build_error(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == "bench_vs_llamacpp: cmake not found on PATH (install cmake and a C++ compiler)\n"
+
+
+def test_main_prints_the_table_or_json_from_measured_figures(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bins = lb.Binaries(tmp_path / "llama-bench", tmp_path / "llama-batched-bench", "0.3.36", {}, 0.0)
+    figures = [_fig("batch-1 decode, int8", 130.0, 100.0, "ratio_min", 1.3)]
+    extra = {"load_average_1m": [0.9, 3.5], "llamacpp_16_stream_s_tg": 376.3}
+    seen: dict[str, object] = {}
+
+    def fake_measure(setup: bvl.Setup, target: float, mode: str, say: object) -> tuple[list, dict]:
+        seen.update(target=target, mode=mode, infer=setup.infer("bench"), llama=setup.llamacpp_args)
+        return figures, extra
+
+    monkeypatch.setattr(bvl, "ensure_built", lambda *a, **k: bins)
+    monkeypatch.setattr(bvl, "measure", fake_measure)
+    argv = ["--model", str(tmp_path / "m.gguf"), "--threads", "2", "--infer-args", "--profile cpu-int8"]
+    assert bvl.main([*argv, "--llamacpp-args", "--poll 0"]) == 0
+    out = capsys.readouterr().out
+    assert seen["target"] == 1.3 and seen["mode"] == "int8" and seen["llama"] == ["--poll", "0"]
+    assert seen["infer"][-4:] == ["--threads", "2", "--profile", "cpu-int8"]
+    assert "batch-1 decode, int8 (tok/s)" in out and "1.30x" in out and "pass" in out
+    assert "376.3" in out and "figures are contended" in out
+
+    assert bvl.main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["threads"] == 2 and report["llamacpp"]["version"] == "0.3.36"
+    assert report["figures"][0]["ratio"] == pytest.approx(1.3) and report["figures"][0]["passed"] is True
