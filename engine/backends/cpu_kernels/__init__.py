@@ -1,22 +1,33 @@
-"""Numba kernels on raw GGUF blocks for the CPU backend (interface: KERNELS.md, record: registry.py).
+"""Numba kernels on raw GGUF blocks for the CPU backend (the record each type registers: registry.py).
 
-KERNELS maps a GGUF type name to its QuantKernels. Each kernel module exports one dict of them; the
+`KERNELS` maps a GGUF type name to its QuantKernels. Each kernel module exports one dict of them; the
 modules are listed in _MODULES as (module, dict name) and merged in order (a type may appear once).
+`row_attention` (attention.py) is the batch-invariant attention of decode and verify rows.
+
+Importing the package imports no numba: `KERNELS`, `quantize_activations` and `cpu_features` load on
+first use, so the `blas` mode, `infer --help` and the profile schema (which reads the QuantKernels
+record) never pay for loading compiled kernels.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
-from .activations import quantize_activations
-from .features import CpuFeatures, cpu_features
-from .registry import QuantKernels
+from infer.engine.backends.cpu_kernels.registry import QuantKernels
 
 _MODULES: tuple[tuple[str, str], ...] = (
     ("legacy", "LEGACY_KERNELS"),  # Q4_0, Q4_1, Q8_0
     ("floats", "FLOAT_KERNELS"),  # F32, F16, BF16
-    # the K-quants join here: ("kquants", "KQUANT_KERNELS"),  # Q4_K, Q5_K, Q6_K
+    ("kquants", "KQUANT_KERNELS"),  # Q4_K, Q5_K, Q6_K
 )
+
+_HELPERS: dict[str, str] = {
+    "quantize_activations": "activations",
+    "cpu_features": "features",
+    "CpuFeatures": "features",
+}
+"""Names loaded on first use, by the module that defines them."""
 
 
 def _collect(modules: tuple[tuple[str, str], ...]) -> dict[str, QuantKernels]:
@@ -31,7 +42,16 @@ def _collect(modules: tuple[tuple[str, str], ...]) -> dict[str, QuantKernels]:
     return merged
 
 
-KERNELS: dict[str, QuantKernels] = _collect(_MODULES)
-"""GGUF type name -> its kernels."""
+def __getattr__(name: str) -> Any:
+    """`KERNELS` (GGUF type name -> its kernels) and the helpers, imported when first asked for."""
+    if name == "KERNELS":
+        value: Any = _collect(_MODULES)
+    elif name in _HELPERS:
+        value = getattr(importlib.import_module(f"{__name__}.{_HELPERS[name]}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups find it without coming here
+    return value
+
 
 __all__ = ["KERNELS", "CpuFeatures", "QuantKernels", "cpu_features", "quantize_activations"]
