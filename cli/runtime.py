@@ -122,7 +122,19 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
     config = engine_config(settings)
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
+    _keep_stdout_clean()
     try:
         return load_engine(path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels)
     except ModelLoadError as exc:
         fail(str(exc))
+
+
+def _keep_stdout_clean() -> None:
+    """numba calls colorama.init() on its first dispatch when colorama is installed, and colorama then
+    writes an ANSI reset to stdout at exit whenever stdout is a terminal; stdout carries the generated
+    text and nothing else. colorama registers that exit hook only while `atexit_done` is false."""
+    try:
+        import colorama.initialise as colorama_init
+    except ImportError:
+        return
+    colorama_init.atexit_done = True

@@ -107,9 +107,14 @@ class ProfileFile(_Section):
 
     backend: Backend = Field("cpu", description="Compute backend: cpu (numpy), cuda (CuPy) or metal (MLX).")
     dtype: DType = Field("float32", description="Compute dtype for weights and activations.")
-    threads: int = Field(0, ge=0, description="CPU threads for BLAS; 0 = all cores.")
+    threads: int = Field(
+        0,
+        ge=0,
+        description="CPU threads for the matmuls (the numba kernels, or BLAS with cpu_kernels blas); "
+        "0 = all cores.",
+    )
     cpu_kernels: CpuKernels = Field(
-        "blas",
+        "exact",
         description="How the cpu backend multiplies by a GGUF matrix: exact (numba kernels on the "
         "quantized blocks, float32 accumulation), int8 (kernels with activations quantized per "
         "32-block as llama.cpp does: faster, approximate) or blas (a float32 copy through BLAS).",
