@@ -124,9 +124,18 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
         config = replace(config, max_num_seqs=max_num_seqs)
     _keep_stdout_clean()
     try:
-        return load_engine(path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels)
+        engine = load_engine(path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels)
     except ModelLoadError as exc:
         fail(str(exc))
+    float_copies = sorted(getattr(engine.model, "float_copies", ()))
+    if float_copies:
+        print(
+            f"infer: no {settings.cpu_kernels} CPU kernel for {', '.join(float_copies)} matrices: "
+            "they run as float32 copies through BLAS (more memory, slower)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return engine
 
 
 def _keep_stdout_clean() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from cli_process import infer_cli
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
@@ -113,6 +114,17 @@ def test_types_without_kernels_come_as_floats(tiny_model_factory) -> None:
     assert isinstance(built.layers[0].qkv, DenseWeight)
     assert backend.block_formats == frozenset({"Q8_0"})
     assert CpuBackend(kernels="blas").block_formats == frozenset()
+
+
+def test_a_type_without_kernels_runs_as_floats_with_a_notice(tiny_model_factory) -> None:
+    model = tiny_model_factory(quant="Q5_0")
+    result = infer_cli("generate", "hello", "--raw", "--temp", "0", "-n", "2", "-m", str(model.gguf_path))
+    assert result.returncode == 0, result.stderr
+    assert "infer: no exact CPU kernel for Q5_0 matrices: they run as float32 copies" in result.stderr
+    quiet = infer_cli("generate", "hello", "--raw", "--temp", "0", "-n", "2", "-m", str(model.gguf_path),
+                      "--cpu-kernels", "blas")  # fmt: skip
+    assert quiet.returncode == 0 and "CPU kernel" not in quiet.stderr
+    assert quiet.stdout == result.stdout
 
 
 def test_unknown_kernel_mode_is_refused() -> None:

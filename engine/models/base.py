@@ -109,6 +109,9 @@ class Model(Protocol):
     """A model built on a backend: what the step loop calls."""
 
     config: ModelConfig
+    float_copies: set[str]
+    """GGUF types of matrices the model holds as float32 copies because its backend computes on blocks
+    but has no kernels for them (the CLI says so once); empty when every matrix runs as stored."""
 
     @property
     def vocab_size(self) -> int:

@@ -258,6 +258,8 @@ class LlamaModel:
     def __init__(self, checkpoint: Checkpoint, backend: Backend) -> None:
         self.config = config = checkpoint.config
         self.backend = backend
+        self.float_copies: set[str] = set()
+        """GGUF types of matrices held as float32 copies because the backend has no kernels for them."""
         weights = checkpoint.weights
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
 
@@ -306,6 +308,12 @@ class LlamaModel:
         """One weight whose rows are `tensors`' rows in order: kept in their GGUF blocks where the
         backend computes on that type, else as one float32 matrix."""
         backend = self.backend
+        if backend.block_formats:  # the backend has kernels: note the types it has none for
+            self.float_copies.update(
+                t.type_name
+                for t in tensors
+                if isinstance(t, QuantizedTensor) and t.type_name not in backend.block_formats
+            )
         if all(isinstance(t, QuantizedTensor) and t.type_name in backend.block_formats for t in tensors):
             blocks = [backend.weight(t.blocks, quant=t.type_name, shape=t.shape) for t in tensors]  # type: ignore[union-attr]
             return blocks[0] if len(blocks) == 1 else backend.stack(blocks)
