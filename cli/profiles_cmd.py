@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags
+from infer.engine.backends.probe import dtype_note
 from infer.profiles.backend_choice import choose_backend, fallback_notice
 from infer.profiles.loader import ProfileError, display_path, load_profile, shipped_profiles
 from infer.profiles.schema import ProfileFile
@@ -94,10 +95,9 @@ def show_profile(
     if fallback_notice(choice) is None:
         backend_line = f"backend: {choice.selected} ({choice.dtype})"
     else:
-        dtype = f" in {choice.dtype} (not {choice.requested_dtype})" if choice.requested_dtype else ""
         backend_line = (
             f"backend: {choice.requested} requested, unavailable ({choice.reason}); "
-            f"{choice.selected} would be used{dtype}"
+            f"{choice.selected} would be used{dtype_note(choice)}"
         )
     Console().print(Text(backend_line))
 

@@ -81,11 +81,16 @@ def fallback_notice(choice: BackendChoice) -> str | None:
     if choice.selected == choice.requested:
         return None
     by = f" requested by {choice.requested_by}" if choice.requested_by else ""
-    dtype = f" in {choice.dtype} (not {choice.requested_dtype})" if choice.requested_dtype else ""
     return (
         f"infer: backend {choice.requested!r}{by} is unavailable ({choice.reason}); "
-        f"using {choice.selected}{dtype}"
+        f"using {choice.selected}{dtype_note(choice)}"
     )
+
+
+def dtype_note(choice: BackendChoice) -> str:
+    """' in float32 (not bfloat16)' when the selected backend cannot compute in the dtype asked for,
+    else ''."""
+    return f" in {choice.dtype} (not {choice.requested_dtype})" if choice.requested_dtype else ""
 
 
 def with_dtype(choice: BackendChoice, dtype: str) -> BackendChoice:

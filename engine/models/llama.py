@@ -358,9 +358,8 @@ class LlamaModel:
         starts = np.asarray([s.start for s in batch.segments], dtype=np.int64)
         lengths = np.asarray([s.length for s in batch.segments], dtype=np.int64)
         slots = np.asarray([s.slot for s in batch.segments], dtype=np.int64)
-        positions = np.concatenate([np.arange(s.start, s.start + s.length) for s in batch.segments])
-        slots_per_row = np.repeat(slots, lengths)
         plan = AttentionPlan.build(slots, starts, lengths)
+        slots_per_row, positions = plan.row_slots, plan.row_visible - 1  # a row sees up to its own position
         q_rotations, k_rotations = self._rope_rotations(positions)
         heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
