@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from infer.engine.batch import ForwardBatch, Segment
+from infer.engine.grammar import Constraint, GrammarError, GrammarViolationError, GrammarVocabulary
 from infer.engine.models.base import Model
 from infer.engine.runtime.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
 from infer.engine.runtime.output import OutputProcessor
@@ -71,6 +72,8 @@ class Engine:
         )
         self.steps = 0
         """Engine steps run so far."""
+        self.grammar_vocabulary = GrammarVocabulary(tokenizer, model.vocab_size)
+        """The model's token table for constraints: built on the first constrained request, then shared."""
         self._incoming: deque[Sequence] = deque()
         self._incoming_lock = threading.Lock()
         self._step_lock = threading.RLock()
@@ -92,6 +95,8 @@ class Engine:
         bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", "prompt")
+        if request.grammar is not None:
+            self._constraint(request)  # builds the model's token table once; a bad grammar fails here
 
     def submit(self, request: Request) -> RequestStream:
         """Queue a request and return its event stream (raises RequestError for an impossible one)."""
@@ -114,11 +119,21 @@ class Engine:
             prompt_ids=request.prompt_ids,
         )
         stream = RequestStream(request.request_id, self.step, self._background_running, self.reap_cancelled)
-        sequence = Sequence(request, stream, sampler, output, seed)
+        sequence = Sequence(request, stream, sampler, output, seed, constraint=self._constraint(request))
         with self._incoming_lock:
             self._incoming.append(sequence)
         self._wakeup.set()
         return stream
+
+    def _constraint(self, request: Request) -> Constraint | None:
+        """The request's grammar matcher at its start state, or None (RequestError if unbuildable)."""
+        spec = request.grammar
+        if spec is None:
+            return None
+        try:
+            return Constraint(spec, self.grammar_vocabulary)
+        except (GrammarError, RuntimeError) as exc:
+            raise RequestError(str(exc), getattr(exc, "parameter", None) or "grammar") from exc
 
     def generate(self, request: Request) -> Completion:
         """Submit and wait for the whole completion."""
@@ -159,6 +174,7 @@ class Engine:
             if skip_if is not None and skip_if():
                 return True
             self._admit_and_reap()
+            self._cut_drafts()
             work = self.scheduler.schedule()
             if not work:
                 return False
@@ -176,6 +192,17 @@ class Engine:
                 if not item.sequence.is_finished:
                     self._complete(item, logits.get(id(item.sequence)))
             return True
+
+    def _cut_drafts(self) -> None:
+        """Cut each constrained sequence's drafts to the prefix its grammar allows, before they are
+        scheduled: a draft the grammar forbids could never be accepted, so verifying it (and every
+        draft after it) would only cost rows."""
+        for seq in self.scheduler.running:
+            if seq.constraint is not None and seq.draft_ids:
+                try:
+                    del seq.draft_ids[seq.constraint.valid_prefix(seq.draft_ids) :]
+                except GrammarViolationError:
+                    seq.draft_ids.clear()  # the matcher is in error: the next draw ends the request
 
     def _run_fault_hook(self, item: ScheduledWork) -> bool:
         hook = self.config.fault_hook
@@ -244,7 +271,8 @@ class Engine:
         if accepted:
             self.advance(seq, accepted)
         if error is not None and not seq.is_finished:
-            self._fail(seq, f"decode step {len(seq.generated)} (sampling)", error)
+            stage = "grammar" if isinstance(error, GrammarViolationError) else "sampling"
+            self._fail(seq, f"decode step {len(seq.generated)} ({stage})", error)
 
     @staticmethod
     def _sample(item: ScheduledWork, logits: ItemLogits) -> tuple[list[SampledToken], Exception | None]:
@@ -256,6 +284,7 @@ class Engine:
         the draws early, if any."""
         seq = item.sequence
         sampler = seq.sampler
+        constraint = seq.constraint
         block, argmax, first = logits
         position = len(seq.generated)
         accepted: list[SampledToken] = []
@@ -263,14 +292,33 @@ class Engine:
         for j, row in enumerate(item.logit_rows):
             i = first + j
             try:
-                sampled = sampler.sample(block[i], position + j, argmax=None if argmax is None else argmax[i])
+                sampled = Engine._draw(seq, block[i], position + j, None if argmax is None else argmax[i])
                 sampler.accept(sampled.token_id)
+                if constraint is not None:
+                    constraint.consume(sampled.token_id)
             except Exception as exc:
                 return accepted, exc
             accepted.append(sampled)
             if j == last or sampled.token_id != item.tokens[row + 1]:
                 break
+            if constraint is not None and constraint.is_stopped:
+                break  # the grammar is complete: nothing after this token can be kept
         return accepted, None
+
+    @staticmethod
+    def _draw(seq: Sequence, row: np.ndarray, position: int, argmax: int | None) -> SampledToken:
+        """One row's draw. A constrained row is masked first (disallowed logits -inf), so every
+        sampler stage, the logprobs and the seeded draw see only what the grammar allows; the row's
+        mask is the matcher's state after the tokens before it (the drafts this row verifies)."""
+        constraint = seq.constraint
+        if constraint is None:
+            return seq.sampler.sample(row, position, argmax=argmax)
+        allowed = constraint.mask()
+        if not allowed.any():
+            raise GrammarViolationError(f"the {constraint.spec.describe()} constraint allows no token here")
+        if argmax is not None and seq.sampler.plain_greedy and allowed[argmax]:
+            return seq.sampler.sample(row, position, argmax=argmax)  # the allowed argmax is the masked one
+        return seq.sampler.sample(np.where(allowed, row, np.float32(-np.inf)), position)
 
     def advance(self, seq: Sequence, accepted: Iterable[SampledToken]) -> None:
         """Move `seq` forward by the tokens accepted for its last work item (one per step today;
@@ -285,11 +333,14 @@ class Engine:
         """
         events: list[TokenEvent] = []
         reason: FinishReason | None = None
-        for sampled in accepted:
+        tokens = list(accepted)
+        for sampled in tokens:
             event, reason = self._append(seq, sampled)
             events.append(event)
             if reason is not None:
                 break
+        if seq.constraint is not None and len(events) < len(tokens):
+            seq.constraint.rollback(len(tokens) - len(events))  # the matcher follows the kept tokens
         seq.num_computed_tokens = seq.num_tokens - 1
         seq.draft_ids.clear()
         self._emit(seq, events, reason)
@@ -302,13 +353,18 @@ class Engine:
             seq.first_token_at = time.perf_counter()
         out = seq.output.add(sampled.token_id)
         reason = out.finish_reason
+        flush = False
+        constraint = seq.constraint
+        if reason is None and constraint is not None and constraint.is_stopped:
+            if constraint.consumed == len(seq.generated):  # this token completed the grammar
+                reason, flush = "stop", True
         if reason is None:
             limit = seq.request.max_tokens
             if (limit is not None and len(seq.generated) >= limit) or (
                 len(seq.prompt_ids) + len(seq.generated) >= self.config.ctx_size
             ):
                 reason = "length"
-        text = out.text + (seq.output.finish() if reason == "length" else "")
+        text = out.text + (seq.output.finish() if reason == "length" or flush else "")
         event = TokenEvent(
             seq.request.request_id,
             position,

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from infer.engine.grammar import GrammarSpec
 from infer.engine.sampling import SamplingParams, resolve_seed
 
 _SEED_LIMIT = 1 << 64
@@ -43,6 +44,10 @@ class Request:
     """The seed of this request's draws, an int once the request exists: None takes `sampling.seed`,
     or a fresh random seed when that is None too. Resolved here, once; the engine draws with it and
     reports it (`DoneEvent.seed`) so the run can be repeated."""
+    grammar: GrammarSpec | None = None
+    """Constrain the output (JSON schema, any JSON object, regex, Lark grammar, choices): every
+    token is drawn from the tokens the grammar allows, and the request ends with `stop` when the
+    grammar is complete. None = free text."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

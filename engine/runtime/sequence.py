@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from infer.engine.grammar import Constraint
 from infer.engine.runtime.output import OutputProcessor
 from infer.engine.runtime.request import Request
 from infer.engine.sampling import SequenceSampler
@@ -49,6 +50,9 @@ class Sequence:
     draft_ids: list[int] = field(default_factory=list)
     """Proposed next tokens, fed after the sequence's own ones and kept only while the model's own
     draws agree with them (none today: the speculative drafters fill this)."""
+    constraint: Constraint | None = None
+    """The request's grammar matcher (None = free text): it has consumed exactly `generated` once a
+    step ends, and masks every logits row before the sampler sees it."""
     submitted_at: float = field(default_factory=time.perf_counter)
     scheduled_at: float | None = None
     first_token_at: float | None = None
