@@ -61,7 +61,8 @@ def verify_mapping(lltok: llguidance.LLTokenizer, tokenizer: Tokenizer, tokens: 
             raise VocabularyMismatchError(f"token {token_id}: llguidance's bytes differ from ours")
     if set(lltok.eos_tokens) != set(tokenizer.stop_ids):
         raise VocabularyMismatchError(
-            f"llguidance's end tokens {sorted(lltok.eos_tokens)} differ from ours {sorted(tokenizer.stop_ids)}"
+            f"llguidance's end tokens {sorted(lltok.eos_tokens)} differ from ours "
+            f"{sorted(tokenizer.stop_ids)}"
         )
 
 

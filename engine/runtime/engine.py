@@ -355,9 +355,14 @@ class Engine:
         reason = out.finish_reason
         flush = False
         constraint = seq.constraint
-        if reason is None and constraint is not None and constraint.is_stopped:
-            if constraint.consumed == len(seq.generated):  # this token completed the grammar
-                reason, flush = "stop", True
+        # The grammar is complete with this token (its last consumed one): a natural end, text flushed.
+        if (
+            reason is None
+            and constraint is not None
+            and constraint.consumed == len(seq.generated)
+            and constraint.is_stopped
+        ):
+            reason, flush = "stop", True
         if reason is None:
             limit = seq.request.max_tokens
             if (limit is not None and len(seq.generated) >= limit) or (
