@@ -53,6 +53,11 @@ def verify_mapping(lltok: llguidance.LLTokenizer, tokenizer: Tokenizer, tokens: 
     special = tokenizer.special_ids
     for token_id, data in enumerate(tokens):
         is_special = token_id in special
+        if data.startswith(b"\xff") and not is_special:
+            # llguidance marks its special tokens with a leading 0xFF byte, so it takes our plain
+            # token for byte 0xFF as special too. 0xFF never occurs in UTF-8: no text grammar could
+            # allow that token anyway, and llguidance never does.
+            continue
         if lltok.is_special_token(token_id) != is_special:
             raise VocabularyMismatchError(
                 f"token {token_id} is {'' if is_special else 'not '}special for us but not for llguidance"

@@ -318,7 +318,10 @@ class Engine:
             raise GrammarViolationError(f"the {constraint.spec.describe()} constraint allows no token here")
         if argmax is not None and seq.sampler.plain_greedy and allowed[argmax]:
             return seq.sampler.sample(row, position, argmax=argmax)  # the allowed argmax is the masked one
-        return seq.sampler.sample(np.where(allowed, row, np.float32(-np.inf)), position)
+        sampled = seq.sampler.sample(np.where(allowed, row, np.float32(-np.inf)), position)
+        if sampled.top_logprobs:  # alternatives the grammar forbids have no mass: not alternatives
+            sampled = replace(sampled, top_logprobs=tuple(a for a in sampled.top_logprobs if allowed[a[0]]))
+        return sampled
 
     def advance(self, seq: Sequence, accepted: Iterable[SampledToken]) -> None:
         """Move `seq` forward by the tokens accepted for its last work item (one per step today;
