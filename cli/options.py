@@ -23,9 +23,13 @@ PANEL_MODEL = "Model & profile"
 PANEL_ENGINE = "Engine"
 PANEL_SAMPLING = "Sampling"
 PANEL_SPECULATIVE = "Speculative decoding"
+PANEL_GRAMMAR = "Structured output"
 
 _PANELS = {"engine": PANEL_ENGINE, "sampler": PANEL_SAMPLING, "speculative": PANEL_SPECULATIVE}
 _MODEL_PANEL_NAMES = ("profile", "model")
+_GRAMMAR_METAVARS = {"json_schema": "FILE|JSON", "regex": "REGEX", "grammar": "FILE", "choice": "A,B,C"}
+"""The output-constraint settings (profiles.constraints.GRAMMAR_SETTINGS but json_object), shown
+in their own panel."""
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -49,6 +53,8 @@ def settings_errors() -> Iterator[None]:
 def _panel(spec: SettingSpec) -> str:
     if spec.name in _MODEL_PANEL_NAMES:
         return PANEL_MODEL
+    if spec.name in _GRAMMAR_METAVARS or spec.name == "json_object":
+        return PANEL_GRAMMAR
     return _PANELS.get(spec.section, PANEL_ENGINE)
 
 
@@ -58,6 +64,8 @@ def _metavar(spec: SettingSpec) -> str:
         return "|".join(choices)
     if spec.name == "profile":
         return "NAME|PATH"
+    if spec.name in _GRAMMAR_METAVARS:
+        return _GRAMMAR_METAVARS[spec.name]
     if spec.name in ("model", "spec_draft_model"):
         return "PATH"
     if spec.name == "samplers":
@@ -85,7 +93,7 @@ def _option_parameter(spec: SettingSpec) -> inspect.Parameter:
     elif spec.is_list and spec.name != "samplers":
         annotation = Optional[list[str]]
         decls = list(spec.flags)
-        common["metavar"] = "TEXT"
+        common["metavar"] = _GRAMMAR_METAVARS.get(spec.name, "TEXT")
     else:
         annotation = Optional[str]
         decls = list(spec.flags)

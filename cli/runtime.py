@@ -26,6 +26,7 @@ from infer.engine.loader import ModelLoadError
 from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
 from infer.engine.runtime.request import FaultHook
 from infer.profiles.backend_choice import choose_backend, fallback_notice
+from infer.profiles.constraints import grammar_from_settings
 from infer.profiles.settings import Settings, SettingsError, refuse_unimplemented
 
 STDERR = Console(stderr=True)
@@ -101,6 +102,7 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
     """
     try:
         refuse_unimplemented(settings)
+        grammar_from_settings(settings)  # a bad schema, regex or grammar fails before the model loads
     except SettingsError as exc:
         fail(str(exc))
     choice = choose_backend(settings)

@@ -7,6 +7,7 @@
   per-request sampler fields (an API body) passes the one it built from them, once.
 - token limit: an explicit `max_tokens` wins (an API body's limit, a bench test's length); otherwise
   the `n_predict` setting, where -1 = until end of sequence or context (0 too, as before).
+- output constraint: the caller's (an API body's `response_format`), else the settings' one.
 - seed: `seed` when given (choice i of an API request), else the sampler's seed, else a fresh random
   one: `Request` resolves it once, when it is made, and the engine draws with it and reports it.
 
@@ -20,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from infer.engine.grammar import GrammarSpec
 from infer.engine.runtime.request import Request
 from infer.engine.sampling import SamplingParams
+from infer.profiles.constraints import grammar_from_settings
 from infer.profiles.settings import Settings
 
 
@@ -41,12 +44,15 @@ def build_request(
     ignore_eos: bool = False,
     seed: int | None = None,
     request_id: str | None = None,
+    grammar: GrammarSpec | None = None,
 ) -> Request:
     """The engine `Request` for `prompt_ids` under resolved `settings` (see the module docstring).
 
     `sampling` replaces the settings' sampler (per-request fields on top of it, built by the caller);
     `max_tokens` None = the `n_predict` setting; `seed` None = the sampler's seed or a random one;
-    `request_id` None = a fresh id. Raises `RequestError` (a ValueError) for a bad limit or prompt.
+    `request_id` None = a fresh id; `grammar` None = the settings' output constraint (`--json-schema`,
+    `--regex`, ...; none by default). Raises `RequestError` (a ValueError) for a bad limit or prompt,
+    `SettingsError` for a bad constraint setting.
     """
     extra: dict[str, Any] = {} if request_id is None else {"request_id": request_id}
     return Request(
@@ -56,6 +62,7 @@ def build_request(
         stop=tuple(stop),
         ignore_eos=ignore_eos,
         seed=seed,
+        grammar=grammar if grammar is not None else grammar_from_settings(settings),
         **extra,
     )
 

@@ -127,6 +127,19 @@ class ProfileFile(_Section):
     n_predict: int = Field(
         -1, ge=-1, description="Tokens to generate; -1 = until end of sequence or context."
     )
+    # Output constraints (at most one; see infer.profiles.constraints).
+    json_schema: str | None = Field(
+        None, description="Constrain the output to a JSON schema: a file path, or the schema as JSON text."
+    )
+    json_object: bool = Field(False, description="Constrain the output to a JSON object (any keys).")
+    regex: str | None = Field(None, description="Constrain the output to match this regular expression.")
+    grammar: str | None = Field(
+        None, description="Constrain the output to a grammar file: llguidance Lark syntax, or GBNF."
+    )
+    choice: list[str] = Field(
+        default_factory=list,
+        description="Constrain the output to one of these strings (flag: comma-separated; [] = off).",
+    )
 
     sampler: SamplerSection = Field(default_factory=SamplerSection, description="Sampler defaults.")
     speculative: SpeculativeSection = Field(

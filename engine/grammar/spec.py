@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import llguidance
+from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "lark", "choice"]
 GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_schema", "json_object", "regex", "lark", "choice")
@@ -72,6 +73,16 @@ class GrammarSpec:
         return cls(
             "json_schema", json.dumps(schema), parameter=parameter
         )  # key order is kept: it is the output order
+
+    @classmethod
+    def lark_or_gbnf(cls, text: str, parameter: str | None = None) -> GrammarSpec:
+        """A grammar in llguidance's Lark syntax, or in llama.cpp's GBNF (converted by llguidance;
+        GBNF is recognised by having no `start:` rule)."""
+        try:
+            lark = any_to_lark(text)
+        except GbnfToLarkError as exc:
+            raise GrammarError(f"invalid GBNF grammar: {' '.join(str(exc).split())}", parameter) from None
+        return cls("lark", lark, parameter=parameter)
 
     @property
     def grammar(self) -> str:
