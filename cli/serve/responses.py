@@ -42,6 +42,11 @@ class _ResponseBuilder:
         self.params = params
         self.seed = seed
 
+    def _format(self) -> dict[str, Any]:
+        """The request's `text.format`, echoed as OpenAI does (plain text when none was given)."""
+        fmt = self.body.text.format if self.body.text is not None else None
+        return {"type": "text"} if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)
+
     def message(self, text: str, status: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
         """The assistant message item (content empty while nothing was generated)."""
         content = [self.part(text, logprobs)] if status != "in_progress" else []
@@ -93,7 +98,7 @@ class _ResponseBuilder:
             "top_logprobs": self.body.top_logprobs,
             "tool_choice": "none",
             "tools": [],
-            "text": {"format": {"type": "text"}},
+            "text": {"format": self._format()},
             "truncation": "disabled",
             "usage": usage,
             "metadata": self.body.metadata or {},

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origi
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, create_model
 
 from infer.cli.serve.errors import APIError
+from infer.engine.grammar import GrammarError, GrammarSpec
 from infer.engine.runtime.request import Request, RequestError
 from infer.engine.sampling import SamplingParams, SamplingParamsError
 from infer.engine.text.chat import VALID_ROLES
@@ -111,10 +112,42 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         False, description="llama.cpp extension: keep generating past end-of-text."
     )
     user: Optional[StrictStr] = None
+    json_schema: Optional[dict[str, Any]] = Field(
+        None, description="llama-server extension: constrain the output to this JSON schema."
+    )
+    grammar: Optional[StrictStr] = Field(
+        None, description="llama-server extension: constrain the output to this GBNF (or Lark) grammar."
+    )
+
+    def format_spec(self) -> GrammarSpec | None:
+        """The route's own output-format field (`response_format`, `text.format`) as a constraint."""
+        return None
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        """The body's output constraint (None = the server's own setting, free text by default): the
+        route's format field or llama-server's `json_schema` / `grammar`, at most one. An invalid or
+        unsupported schema, or a bad grammar, is APIError 400 naming the field."""
+        given: list[GrammarSpec] = []
+        try:
+            if self.json_schema is not None:
+                given.append(GrammarSpec.json_schema(self.json_schema, parameter="json_schema"))
+            if self.grammar is not None:
+                given.append(GrammarSpec.lark_or_gbnf(self.grammar, parameter="grammar"))
+        except GrammarError as exc:
+            raise APIError(str(exc), param=exc.parameter) from None
+        own = self.format_spec()
+        if own is not None:
+            given.append(own)
+        if len(given) > 1:
+            names = ", ".join(str(spec.parameter) for spec in given)
+            raise APIError(f"only one output constraint can be given, got {names}", param=given[1].parameter)
+        return given[0] if given else None
 
     def check_supported(self) -> None:
         """Refuse what this server cannot honour, rather than silently ignore it: speculative decoding
-        is not implemented yet, so any `spec_*` field other than `spec_method: "none"` is a 400."""
+        is not implemented yet, so any `spec_*` field other than `spec_method: "none"` is a 400; an
+        output constraint that cannot be compiled is a 400 before any token."""
+        self.grammar_spec()
         for name in SPECULATIVE_FIELD_NAMES:
             value = getattr(self, name)
             if value is None or (name == "spec_method" and value == "none"):
@@ -183,6 +216,7 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         vLLM answer); an omitted limit means up to the context end (or the server's `--n-predict`).
         """
         params = self.to_sampling_params(settings, vocab_size)
+        grammar = self.grammar_spec()
         limit, limit_param = self.token_limit()
         requests: list[Request] = []
         base_seed = 0  # the first request's seed, once it is made
@@ -216,6 +250,7 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
                         ignore_eos=self.ignore_eos,
                         seed=seed,
                         request_id=f"{id_prefix}-{index}",
+                        grammar=grammar,
                     )
                 except RequestError as exc:
                     param = limit_param if exc.parameter == "max_tokens" else exc.parameter
@@ -251,10 +286,45 @@ class ChatMessage(BaseModel):
     content: Union[StrictStr, list[ContentPart], None] = None
 
 
-class ResponseFormat(_Body):
-    """`response_format`; only `text` is supported until constrained decoding lands."""
+class JsonSchemaFormat(_Body):
+    """A named JSON schema (`response_format.json_schema`, or `text.format` itself on responses)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: Optional[StrictStr] = None
+    description: Optional[StrictStr] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema", description="The JSON schema.")
+    strict: Optional[StrictBool] = Field(
+        None,
+        description="Accepted either way: the schema is always enforced token by token, and a schema "
+        "feature that cannot be enforced is refused (400).",
+    )
+
+
+class ResponseFormat(JsonSchemaFormat):
+    """`response_format` (chat completions) or `text.format` (responses): `text`, `json_object` (any
+    JSON object) or `json_schema` (the schema under `json_schema` on chat, at the top on responses)."""
 
     type: StrictStr = "text"
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    def grammar_spec(self, param: str) -> GrammarSpec | None:
+        """The constraint this format asks for (None for text); APIError 400 naming the field."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return GrammarSpec("json_object", parameter=param)
+        if self.type != "json_schema":
+            raise APIError(
+                f"{param} type {self.type!r} is not supported (text, json_object or json_schema)",
+                param=f"{param}.type",
+            )
+        holder, where = (self.json_schema, f"{param}.json_schema") if self.json_schema else (self, param)
+        if holder.schema_ is None:
+            raise APIError(f"{where}.schema is required for type json_schema", param=f"{where}.schema")
+        try:
+            return GrammarSpec.json_schema(holder.schema_, parameter=f"{where}.schema")
+        except GrammarError as exc:
+            raise APIError(str(exc), param=exc.parameter) from None
 
 
 class ChatCompletionRequest(Generation):
@@ -289,13 +359,13 @@ class ChatCompletionRequest(Generation):
     def check_supported(self) -> None:
         """Refuse what this server cannot honour, rather than silently ignore it."""
         super().check_supported()
-        if self.response_format is not None and self.response_format.type != "text":
-            raise APIError(
-                f"response_format type {self.response_format.type!r} is not supported (only 'text')",
-                param="response_format",
-            )
         if self.tools and self.tool_choice != "none":
             raise APIError("tool calling is not supported by this server", param="tools")
+
+    def format_spec(self) -> GrammarSpec | None:
+        """`response_format`."""
+        fmt = self.response_format
+        return None if fmt is None else fmt.grammar_spec("response_format")
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The messages as plain dicts for the chat template."""
@@ -368,7 +438,7 @@ class InputItem(BaseModel):
 
 
 class TextConfig(_Body):
-    """`text`: the output format; only plain text is supported."""
+    """`text`: the output format (`{"type": "text"}`, `json_object` or `json_schema`)."""
 
     format: Optional[ResponseFormat] = None
 
@@ -411,11 +481,11 @@ class ResponsesRequest(Generation):
             )
         if self.tools:
             raise APIError("tools are not supported by this server", param="tools")
+
+    def format_spec(self) -> GrammarSpec | None:
+        """`text.format`."""
         fmt = self.text.format if self.text is not None else None
-        if fmt is not None and fmt.type != "text":
-            raise APIError(
-                f"text.format type {fmt.type!r} is not supported (only 'text')", param="text.format"
-            )
+        return None if fmt is None else fmt.grammar_spec("text.format")
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """`instructions` and `input` as chat messages. Raises APIError for a non-message item."""
