@@ -37,6 +37,7 @@ import difflib
 import fnmatch
 import hashlib
 import io
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,7 +136,36 @@ class Anchor(_Strict):
     ignore_eos: bool = False
     profile: str | None = None
     model: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    """Output constraints, as the flags of the same names (a schema may be written inline as a
+    mapping; a file path is relative to the anchors file)."""
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+    choice: list[str] = Field(default_factory=list)
     expect: Expectation | None = None
+
+    def constraint_flags(self, base: Path) -> dict[str, Any]:
+        """The anchor's output constraint as setting values (none when it has no constraint)."""
+        flags: dict[str, Any] = {}
+        if isinstance(self.json_schema, dict):
+            flags["json_schema"] = json.dumps(self.json_schema)
+        elif self.json_schema is not None:
+            flags["json_schema"] = self._relative(self.json_schema, base)
+        if self.json_object:
+            flags["json_object"] = True
+        if self.regex is not None:
+            flags["regex"] = self.regex
+        if self.grammar is not None:
+            flags["grammar"] = self._relative(self.grammar, base)
+        if self.choice:
+            flags["choice"] = [json.dumps(self.choice)]  # one JSON array: a choice may hold a comma
+        return flags
+
+    @staticmethod
+    def _relative(value: str, base: Path) -> str:
+        candidate = base / value
+        return str(candidate) if "\n" not in value and candidate.is_file() else value
 
     @field_validator("sampler")
     @classmethod

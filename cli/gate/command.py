@@ -40,9 +40,11 @@ from infer.cli.gate.anchors import (
 from infer.cli.gate.check import AnchorResult, AnchorRun, judge, relative_gap, run_anchor, write_junit
 from infer.cli.options import fail, shared_flags
 from infer.cli.runtime import STDERR, counting_progress, open_engine
+from infer.engine.grammar import audit_tokens
 from infer.engine.runtime.engine import Engine
 from infer.engine.sampling import SamplingParamsError
 from infer.profiles.backend_choice import choose_backend
+from infer.profiles.constraints import grammar_from_settings
 from infer.profiles.loader import ProfileError
 from infer.profiles.settings import SETTINGS, Settings, resolve_settings
 
@@ -67,6 +69,7 @@ def anchor_settings(loaded: LoadedAnchors, anchor: ResolvedAnchor, cli_flags: di
         if getattr(anchor.anchor, name) is not None:
             flags[name] = getattr(anchor.anchor, name)
     flags.update(anchor.sampler)
+    flags.update(anchor.anchor.constraint_flags(loaded.path.parent))
     # The anchor's request is built from these settings like every surface's: its n_predict, and 2
     # alternatives per token (the top-2 gap for tie analysis; draws do not depend on n_probs).
     flags["n_predict"] = anchor.n_predict
@@ -75,6 +78,18 @@ def anchor_settings(loaded: LoadedAnchors, anchor: ResolvedAnchor, cli_flags: di
         return resolve_settings(flags, env=_sampler_env_free(dict(os.environ)))
     except (ProfileError, SamplingParamsError) as exc:
         fail(f"{loaded.path}: anchors[{anchor.index}] ({anchor.name}): {exc}")
+
+
+def audit_anchor(engine: Engine, settings: Settings, run: AnchorRun, result: AnchorResult) -> None:
+    """`--audit`: replay a constrained anchor's tokens through a fresh matcher; a token the grammar
+    did not allow fails the anchor (whatever its hash says)."""
+    spec = grammar_from_settings(settings)
+    if spec is None:
+        return
+    problem = audit_tokens(spec, engine.grammar_vocabulary, run.token_ids)
+    if problem is not None:
+        result.status = "fail"
+        result.problems.append(f"audit: {problem}")
 
 
 def _engine_key(settings: Settings) -> tuple[Any, ...]:
@@ -216,6 +231,12 @@ def gate(
     filters: Optional[list[str]] = typer.Option(
         None, "--filter", help="Run only anchors whose name contains NAME (or matches a glob); repeatable."
     ),
+    audit: bool = typer.Option(
+        False,
+        "--audit",
+        help="Replay every token of constrained anchors through a fresh matcher; fail on any token "
+        "the grammar did not allow.",
+    ),
     *,
     flags: dict[str, Any],
 ) -> None:
@@ -258,11 +279,12 @@ def gate(
             engine = engines[key]
             run = run_anchor(engine, anchor, settings)
             runs[anchor.index] = run
-            results.append(
-                judge(
-                    anchor, run, tie_margin=tie_margin, decode=lambda ids, e=engine: e.tokenizer.decode(ids)
-                )
+            result = judge(
+                anchor, run, tie_margin=tie_margin, decode=lambda ids, e=engine: e.tokenizer.decode(ids)
             )
+            if audit:
+                audit_anchor(engine, settings, run, result)
+            results.append(result)
             progress.advance(task)
     total_seconds = time.perf_counter() - started
     current = _fingerprint(settings_by_anchor[selected[0].index])
