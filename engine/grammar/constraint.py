@@ -86,6 +86,13 @@ class Constraint:
         self._check()
         return int(self._matcher.validate_tokens(list(drafts)))
 
+    def allowed_drafts(self, drafts: Sequence[int]) -> list[int]:
+        """`drafts` cut to the prefix the grammar allows, never raising (no drafts once the matcher
+        has failed: the next draw ends the request): a sequence's draft filter."""
+        if self._matcher.is_error():
+            return []
+        return list(drafts[: self.valid_prefix(drafts)])
+
     def consume(self, token_id: int) -> None:
         """Advance by one token; GrammarViolationError if the grammar does not allow it (the
         matcher then stays in error: the request must end)."""

@@ -199,10 +199,7 @@ class Engine:
         draft after it) would only cost rows."""
         for seq in self.scheduler.running:
             if seq.constraint is not None and seq.draft_ids:
-                try:
-                    del seq.draft_ids[seq.constraint.valid_prefix(seq.draft_ids) :]
-                except GrammarViolationError:
-                    seq.draft_ids.clear()  # the matcher is in error: the next draw ends the request
+                seq.draft_ids = seq.constraint.allowed_drafts(seq.draft_ids)
 
     def _run_fault_hook(self, item: ScheduledWork) -> bool:
         hook = self.config.fault_hook
