@@ -83,7 +83,7 @@ def test_chat_json_object_sampled(client: openai.OpenAI) -> None:
         model="any",
         messages=ASK,
         response_format={"type": "json_object"},
-        max_tokens=60,
+        max_tokens=30,
         temperature=1.0,
         seed=5,
     )
