@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import mmap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -14,9 +15,6 @@ from infer.engine.backends.base import Capabilities
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
 from infer.engine.backends.errors import BackendError
 from infer.engine.backends.kv_cache import KVCache
-
-_CACHE_LINE = 64
-"""Bytes per cache line on x86-64."""
 
 _VOCAB_CHUNK = 4096
 """Rows of the embedding table per vocabulary-projection matmul (see CpuBackend.logits)."""
@@ -163,13 +161,17 @@ class CpuBackend:
         return array
 
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
-        """Zeros starting on a cache line (malloc gives 16-byte alignment, so a 256-byte key row would
-        straddle 5 lines instead of 4: decode attention reads 5 % slower). np.zeros maps fresh zero
-        pages, so untouched cache memory costs no RSS."""
+        """Zeros in fresh anonymous pages, committed only as they are written, so untouched cache
+        memory costs no RSS. Page-aligned, so rows start on a cache line (with malloc's 16-byte
+        alignment a 256-byte key row straddles 5 lines instead of 4: decode attention reads 5 %
+        slower). Transparent huge pages are declined: numpy asks for them on large arrays, and with
+        2 MB pages the first position written in each (layer, slot, head) run commits 2 MB, so a
+        short generation on a 4096-position cache held ~360 MB of zeros."""
         count = math.prod(shape)
-        buffer = np.zeros(count + _CACHE_LINE // 4, dtype=np.float32)
-        start = (-buffer.ctypes.data % _CACHE_LINE) // 4
-        return buffer[start : start + count].reshape(shape)
+        region = mmap.mmap(-1, max(count * 4, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            region.madvise(mmap.MADV_NOHUGEPAGE)
+        return np.frombuffer(region, dtype=np.float32, count=count).reshape(shape)
 
     def embed(self, table: DenseWeight | BlockWeight, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` of the table. With BLAS the residual stream is kept column-major, the layout
