@@ -24,10 +24,9 @@ class _Allocator(Protocol):
 class KVCache:
     """Keys and values for every layer and slot: arrays [layers, slots, kv_heads, capacity, head_dim].
 
-    The arrays are allocated once, by the backend. On the CPU backend np.zeros maps zero pages lazily,
-    so a slot only costs memory for the pages it has written; numpy asks for transparent huge pages
-    on arrays this large, so where THP is on those pages are 2 MB and a few positions of every slot
-    commit most of the cache. Only the backend reads or writes them (`write_kv`, `attention`).
+    The arrays are allocated once, by the backend. The CPU backend maps anonymous zero pages lazily
+    (4 KB pages, transparent huge pages declined), so a slot only costs memory for the positions it
+    has written. Only the backend reads or writes them (`write_kv`, `attention`).
     """
 
     keys: Array
