@@ -81,6 +81,7 @@ def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) ->
         max_num_seqs=settings.max_num_seqs,
         max_batched_tokens=settings.max_batched_tokens,
         batch_size=settings.batch_size,
+        max_queue=settings.max_queue,
         fault_hook=fault_hook,
     )
 

@@ -24,7 +24,7 @@ from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.models.base import Model
 from infer.engine.runtime.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
 from infer.engine.runtime.output import OutputProcessor
-from infer.engine.runtime.request import FaultHook, Request, RequestError
+from infer.engine.runtime.request import EngineBusy, FaultHook, Request, RequestError
 from infer.engine.runtime.scheduler import ScheduledWork, Scheduler, SchedulerLimits
 from infer.engine.runtime.sequence import Sequence
 from infer.engine.runtime.stream import Completion, RequestStream
@@ -49,6 +49,9 @@ class EngineConfig:
     """Rows in one forward pass."""
     batch_size: int = 512
     """Largest prefill chunk of one sequence per step."""
+    max_queue: int = 0
+    """Requests that may wait for a KV slot at once (0 = no bound); one more is refused with
+    EngineBusy, so a burst is shed instead of queueing without limit."""
     fault_hook: FaultHook | None = None
     """Test-only failure injection (see request.FaultHook)."""
 
@@ -110,9 +113,20 @@ class Engine:
         if bad is not None:
             raise RequestError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", "prompt")
 
+    @property
+    def waiting_sequences(self) -> int:
+        """Requests submitted and not yet holding a KV slot."""
+        with self._incoming_lock:
+            incoming = len(self._incoming)
+        return incoming + len(self.scheduler.waiting)
+
     def submit(self, request: Request) -> RequestStream:
-        """Queue a request and return its event stream (raises RequestError for an impossible one)."""
+        """Queue a request and return its event stream (raises RequestError for an impossible one,
+        EngineBusy when `max_queue` requests already wait)."""
         self.validate(request)
+        limit = self.config.max_queue
+        if limit and self.waiting_sequences >= limit:
+            raise EngineBusy(f"{limit} requests are already waiting for a slot; try again shortly", 1)
         seed = request.seed  # resolved once, when the request was made
         stop_ids = () if request.ignore_eos else self.tokenizer.stop_ids
         sampler = SequenceSampler(
