@@ -45,10 +45,11 @@ class PanelCommand(TyperCommand):
             record = param.get_help_record(ctx)
             if record is None:
                 continue
-            default = "Arguments" if isinstance(param, TyperArgument) else "Options"
-            panel = getattr(param, "rich_help_panel", None) or default
-            # Typer shows a parameter without a metavar as its Python type (`<int>`): say INTEGER.
-            names = _TYPE_METAVAR.sub(_metavar, record[0]).strip()
+            argument = isinstance(param, TyperArgument)
+            panel = getattr(param, "rich_help_panel", None) or ("Arguments" if argument else "Options")
+            # Typer shows a parameter without a metavar as its Python type (`<int>`): say INTEGER, and
+            # nothing for an argument, whose name already says what it is.
+            names = _TYPE_METAVAR.sub("" if argument else _metavar, record[0]).strip()
             panels.setdefault(panel, []).append((names, plain_text(record[1])))
         for title, rows in panels.items():
             with formatter.section(title):

@@ -8,8 +8,11 @@ here, on first use.
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 HF_PREFIX = "hf://"
 
@@ -72,24 +75,50 @@ def _explain(ref: HubRef, exc: Exception) -> HubError:
         return HubError(f"{ref}: the repository is gated: accept its terms on the hub and set HF_TOKEN")
     if isinstance(exc, RepositoryNotFoundError):
         return HubError(f"{ref}: no such repository on {constants.ENDPOINT} (or it is private: set HF_TOKEN)")
+    if isinstance(exc, LocalEntryNotFoundError) or "connect" in type(exc).__name__.lower():
+        return _offline(ref, constants.ENDPOINT)
     if isinstance(exc, EntryNotFoundError):
         return HubError(f"{ref}: no such file in hf://{ref.repo_id}")
     if isinstance(exc, HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else "?"
         return HubError(f"{ref}: the hub answered HTTP {status}")
-    if isinstance(exc, LocalEntryNotFoundError) or "connect" in type(exc).__name__.lower():
-        return HubError(
-            f"{ref}: cannot reach {constants.ENDPOINT} and the file is not in the hub cache: no network? "
-            "download the GGUF elsewhere and pass --model PATH"
-        )
     return HubError(f"{ref}: {type(exc).__name__}: {exc}")
+
+
+def _offline(ref: HubRef, endpoint: str) -> HubError:
+    return HubError(
+        f"{ref}: cannot reach {endpoint} and the file is not in the hub cache: no network? "
+        "Download the GGUF elsewhere and pass --model PATH"
+    )
+
+
+def _reachable(endpoint: str) -> bool:
+    """Whether the hub's host accepts a TCP connection within 3 s. huggingface_hub retries a refused
+    connection for about 23 s with a warning each time; this answers an offline machine at once.
+    Behind a proxy the proxy decides, so then the answer is yes."""
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
+        return True
+    url = urlparse(endpoint)
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+        socket.create_connection((url.hostname or "", port), timeout=3).close()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def hub_download(ref: HubRef) -> Path:
     """The local path of `ref`'s GGUF, downloaded into the hub cache if needed (huggingface_hub shows
-    its byte progress bar on stderr). Raises `HubError`."""
-    from huggingface_hub import hf_hub_download, list_repo_files
+    its byte progress bar on stderr); offline, the cached copy if there is one. Raises `HubError`."""
+    from huggingface_hub import constants, hf_hub_download, list_repo_files
 
+    if constants.HF_HUB_OFFLINE or not _reachable(constants.ENDPOINT):
+        if ref.filename is not None:
+            try:
+                return Path(hf_hub_download(ref.repo_id, ref.filename, local_files_only=True))
+            except Exception:  # not cached: say what to do instead
+                pass
+        raise _offline(ref, constants.ENDPOINT)
     try:
         filename = ref.filename or _only_gguf(ref.repo_id, list_repo_files(ref.repo_id))
         return Path(hf_hub_download(ref.repo_id, filename))
