@@ -75,9 +75,18 @@ COMMANDS: dict[str, LazyCommand] = {
 
 
 class InferGroup(LazyGroup):
-    """The top-level `infer` group."""
+    """The top-level `infer` group: Ctrl-C anywhere (loading a model, say) exits 130 without a traceback
+    or click's "Aborted!"; commands that generate handle it themselves and print what they have."""
 
     lazy_commands = COMMANDS
+
+    def invoke(self, ctx: typer.Context) -> object:
+        """Run the subcommand; KeyboardInterrupt becomes exit code 130 (128 + SIGINT), as in a shell."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            typer.echo("", err=True)
+            raise SystemExit(130) from None
 
 
 def _version() -> str:

