@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -118,6 +120,14 @@ def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) ->
     )
 
 
+def kernel_threads(threads: int) -> None:
+    """Run the numba kernels called from this thread on `threads` threads (numba's count is per
+    calling thread, so the engine's step thread calls this too, through `EngineConfig.thread_setup`)."""
+    import numba
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
 def use_kernel_cache() -> None:
     """Point numba's compiled-kernel cache at `$INFER_HOME/numba` when the package folder is read-only
     (a system or wheel install), so kernels compile once per machine, not once per run. Must run before
@@ -147,6 +157,7 @@ def open_engine(
     except SettingsError as exc:
         fail(str(exc))
     choice = choose_backend(settings)
+    thread_setup: Callable[[], None] | None = None
     notice = fallback_notice(choice)
     if notice:
         print(notice, file=sys.stderr, flush=True)
@@ -156,15 +167,16 @@ def open_engine(
         # keeps one, since two spinning thread pools on the same cores slow each other down 2x.
         threadpool_limits(limits=1, user_api="blas")
         if settings.threads:
-            import numba
-
-            numba.set_num_threads(min(settings.threads, numba.config.NUMBA_NUM_THREADS))
+            thread_setup = functools.partial(kernel_threads, settings.threads)
+            thread_setup()  # for steps run in this thread
     elif settings.threads:
         threadpool_limits(limits=settings.threads, user_api="blas")
     path = resolve_model_path(settings.model)
     config = engine_config(settings)
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
+    # numba keeps its thread count per thread: the engine's step thread must set it too.
+    config = replace(config, thread_setup=thread_setup)
     _keep_stdout_clean()
     name = path.stem if path.suffix == ".gguf" else path.name
     with StatusLine() as own_status:

@@ -125,3 +125,32 @@ def test_verbose_prints_the_load_time_and_stats(gen: tuple[str, ...]) -> None:
     assert "infer: loaded model in" in result.stderr and "tokens, prompt" in result.stderr
     quiet = invoke(*gen[:-1], "--raw", PROMPT)
     assert quiet.stderr == ""
+
+
+def test_threads_reach_the_engines_step_thread(tiny_gguf: Path) -> None:
+    """numba keeps its thread count per thread: `-t 1` must hold in the background step thread that
+    generate, stream, chat and serve use, not only in the main thread."""
+    import threading
+
+    import numba
+
+    from infer.cli.options import resolve_or_fail
+    from infer.cli.runtime import open_engine
+
+    engine = open_engine(resolve_or_fail({"threads": "1", "model": str(tiny_gguf)}, env={}))
+    seen: list[int] = []
+    ran = threading.Event()
+    step = engine.step
+
+    def counting_step() -> bool:
+        seen.append(numba.get_num_threads())
+        ran.set()
+        return step()
+
+    engine.step = counting_step  # type: ignore[method-assign]
+    engine.start()
+    try:
+        assert ran.wait(30)
+    finally:
+        engine.shutdown()
+    assert numba.config.NUMBA_NUM_THREADS == 1 or set(seen) == {1}

@@ -51,6 +51,9 @@ class EngineConfig:
     """Largest prefill chunk of one sequence per step."""
     fault_hook: FaultHook | None = None
     """Test-only failure injection (see request.FaultHook)."""
+    thread_setup: Callable[[], None] | None = None
+    """Called first in the background step thread (`start`): thread-local settings of the kernels'
+    libraries, such as numba's thread count, must be made in the thread that runs the steps."""
 
 
 class Engine:
@@ -368,6 +371,8 @@ class Engine:
         self._thread.start()
 
     def _loop(self) -> None:
+        if self.config.thread_setup is not None:
+            self.config.thread_setup()
         while not self._stopping:
             if not self.step():
                 self._wakeup.wait(0.05)
