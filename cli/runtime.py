@@ -103,8 +103,10 @@ def resolve_model_path(model: str | None) -> Path:
     if cached is not None:
         return cached
     names = sorted({*KNOWN_MODELS, *(str(row["name"]) for row in list_cached(with_sha256=False))})
+    if os.sep in model or path.suffix in (".gguf", ".safetensors"):
+        fail(f"{model}: no such file or folder")
     fail(
-        f"no model {model!r}: not a file or folder, nor a name `infer models list` shows "
+        f"no model {model!r}: no such file or folder, nor a name `infer models list` shows "
         f"({', '.join(names)}), nor hf://OWNER/REPO[/FILE.gguf]"
     )
 

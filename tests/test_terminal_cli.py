@@ -101,8 +101,12 @@ def test_chat_line_editing_history_clear_and_exit(tiny_gguf: Path, tmp_path: Pat
         term.type("hi again\r")
         assert term.wait_for(lambda: len(stats()) == 2, timeout=30), term.stderr.decode()
         assert int(stats()[1].group(2)) > first_prompt  # the conversation so far is in the prompt
+        prompts = term.stdout.count(">>>")
         term.type("/clear\r")
         assert term.wait_for(lambda: b"conversation cleared" in term.stderr, timeout=30)
+        # Type the arrows only once the next prompt is drawn: before that the terminal is still in
+        # cooked mode and would echo them as ^[[A (prompt_toolkit still reads them afterwards).
+        assert term.wait_for(lambda: term.stdout.count(">>>") > prompts, timeout=30)
         term.type("\x1b[A\x1b[A\x1b[A\r")  # up three times: "hello" from the history
         assert term.wait_for(lambda: len(stats()) == 3, timeout=30), term.stderr.decode()
         assert int(stats()[2].group(2)) == first_prompt  # /clear forgot the conversation
