@@ -18,7 +18,7 @@ import pytest
 
 from infer.cli.serve.launch import ServerProcess, start_server
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]  # a server process on the real model
 
 CTX = 2048
 HELLO = [{"role": "user", "content": "Write one sentence about the sea."}]

@@ -19,7 +19,7 @@ import pytest
 
 from infer.cli.serve.launch import ServerProcess, start_server
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]  # a server process on the real model
 
 CLIENTS = 32
 HANG_UPS = 8
