@@ -57,6 +57,22 @@ def _check_combination(as_json: bool, stream: bool | None, interactive: bool, ha
         fail("--interactive reads prompts at the terminal: drop the PROMPT, -p, -f or --messages")
 
 
+def _check_interactive(chat: bool | None, stream: bool | None, ignore_eos: bool, parse_special: bool) -> None:
+    """`-i` chats with the template and streams each reply; flags it would not honour are errors."""
+    unused = [
+        name
+        for name, given in (
+            ("--raw", chat is False),
+            ("--stream/--no-stream", stream is not None),
+            ("--ignore-eos", ignore_eos),
+            ("--no-parse-special", not parse_special),
+        )
+        if given
+    ]
+    if unused:
+        fail(f"--interactive does not take {', '.join(unused)}")
+
+
 @with_settings
 def generate(
     settings: Settings,
@@ -112,6 +128,7 @@ def generate(
     if interactive:
         from infer.cli.chat import chat_session
 
+        _check_interactive(chat, stream, ignore_eos, parse_special)
         chat_session(settings, system=system, stop=stop, verbose=verbose)
         return
     text = gather_prompt(prompt, prompt_option, file)

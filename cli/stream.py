@@ -62,6 +62,8 @@ def stream(
     if text is None:
         from infer.cli.chat import chat_session
 
+        if ignore_eos or not parse_special:
+            fail("the chat loop does not take --ignore-eos or --no-parse-special")
         chat_session(settings, system=system, stop=stop, verbose=verbose)
         return
     messages = with_system(system, text, chat)

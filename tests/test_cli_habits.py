@@ -78,8 +78,10 @@ def test_contradictions_and_unhonoured_settings_are_errors(gen, args, stdin, par
     one_line_error(invoke(*gen, *args, stdin=stdin), *parts)
 
 
-def test_interactive_with_a_prompt_is_an_error(tiny_gguf: Path) -> None:
+def test_interactive_with_a_prompt_or_unused_flags_is_an_error(tiny_gguf: Path) -> None:
     one_line_error(invoke("generate", "-m", str(tiny_gguf), "-i", PROMPT), "--interactive", "drop the PROMPT")
+    result = invoke("generate", "-m", str(tiny_gguf), "-i", "--raw", "--ignore-eos")
+    one_line_error(result, "--interactive does not take --raw, --ignore-eos")
 
 
 def test_messages_with_system_is_an_error(gen: tuple[str, ...], tmp_path: Path) -> None:
