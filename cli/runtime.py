@@ -130,6 +130,14 @@ def kernel_threads(threads: int) -> None:
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
+def idle_threads_sleep() -> None:
+    """Make the kernels' OpenMP threads sleep when idle instead of spinning (OMP_WAIT_POLICY=PASSIVE),
+    unless the user chose a policy. Spinning threads wait at every barrier for a partner the OS has not
+    scheduled: with other processes on the cores, decode fell to 1-3 tok/s where passive threads keep
+    ~30 (scripts/bench_contention.py). Must run before the kernels' first parallel call."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def use_kernel_cache() -> None:
     """Point numba's compiled-kernel cache at `$INFER_HOME/numba` when the package folder is read-only
     (a system or wheel install), so kernels compile once per machine, not once per run. Must run before
@@ -165,6 +173,7 @@ def open_engine(
         print(notice, file=sys.stderr, flush=True)
     if settings.cpu_kernels != "blas" and choice.selected == "cpu":
         use_kernel_cache()
+        idle_threads_sleep()
         # The numba kernels run the matmuls on `threads` threads; BLAS (long prefill attention only)
         # keeps one, since two spinning thread pools on the same cores slow each other down 2x.
         threadpool_limits(limits=1, user_api="blas")
