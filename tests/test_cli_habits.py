@@ -156,3 +156,16 @@ def test_threads_reach_the_engines_step_thread(tiny_gguf: Path) -> None:
     finally:
         engine.shutdown()
     assert numba.config.NUMBA_NUM_THREADS == 1 or set(seen) == {1}
+
+
+def test_kernel_threads_sleep_when_idle_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infer.cli.runtime import idle_threads_sleep
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    idle_threads_sleep()
+    import os
+
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    idle_threads_sleep()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
