@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -118,6 +119,7 @@ def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) ->
         max_num_seqs=settings.max_num_seqs,
         max_batched_tokens=settings.max_batched_tokens,
         batch_size=settings.batch_size,
+        max_queue=settings.max_queue,
         fault_hook=fault_hook,
     )
 
@@ -190,7 +192,8 @@ def open_engine(
     config = replace(config, thread_setup=thread_setup)
     _keep_stdout_clean()
     name = path.stem if path.suffix == ".gguf" else path.name
-    with StatusLine() as own_status:
+    kernels = settings.cpu_kernels != "blas" and choice.selected == "cpu"
+    with StatusLine() as own_status, _compile_notice(kernels):
         shown = status if status is not None else own_status
         shown.show(f"loading {name}…")
         try:
@@ -211,6 +214,25 @@ def open_engine(
             flush=True,
         )
     return engine
+
+
+@contextmanager
+def _compile_notice(kernels: bool) -> Iterator[None]:
+    """When loading compiles CPU kernels (the first run on a machine, or after an upgrade), say so
+    on stderr before the wait and give its length after; runs that load them from numba's cache
+    say nothing."""
+    if not kernels:
+        yield
+        return
+    from infer.engine.backends.cpu_kernels.compile_watch import watch_compiles
+
+    def starting() -> None:
+        print("infer: compiling CPU kernels, once (later runs load them from a cache)...", file=sys.stderr)
+
+    with watch_compiles(on_first=starting) as report:
+        yield
+    if report.kernels:
+        print(f"infer: compiling CPU kernels, once: {report.seconds:.1f} s", file=sys.stderr, flush=True)
 
 
 def _keep_stdout_clean() -> None:

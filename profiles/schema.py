@@ -131,6 +131,12 @@ class ProfileFile(_Section):
     batch_size: int = Field(512, ge=1, description="Prefill chunk: prompt tokens processed per step.")
     max_batched_tokens: int = Field(2048, ge=1, description="Scheduler: most tokens in one step.")
     max_num_seqs: int = Field(64, ge=1, description="Scheduler: most sequences running at once.")
+    max_queue: int = Field(
+        1024,
+        ge=0,
+        description="Requests that may wait for a free sequence at once; one more is refused "
+        "(the server answers 503 with Retry-After). 0 = no bound.",
+    )
     model: str | None = Field(
         None,
         description="A GGUF file, a safetensors folder, a name `infer models list` shows, "

@@ -172,3 +172,22 @@ def test_a_chat_body_builds_its_requests_the_same_way(engine: Engine, tiny_gguf:
     expected = build_request(ids, settings, request_id="chatcmpl-x-0")
     assert requests[0] == expected and seed == 11
     assert requests[1] == dataclasses.replace(expected, request_id="chatcmpl-x-1", seed=12)
+
+
+def test_a_full_waiting_queue_refuses_the_next_request(tiny_gguf: Path) -> None:
+    """max_queue bounds the requests waiting for a slot: one more is refused with EngineBusy (the
+    server's 503), nothing already queued is lost, and room comes back as the queue drains."""
+    from infer.engine.runtime.request import EngineBusy
+
+    engine = load_engine(tiny_gguf, EngineConfig(ctx_size=64, max_num_seqs=1, max_queue=2))
+    try:
+        request = Request(prompt_ids=(1, 2, 3), max_tokens=2)
+        queued = [engine.submit(request) for _ in range(2)]  # not started: both wait
+        assert engine.waiting_sequences == 2
+        with pytest.raises(EngineBusy) as refused:
+            engine.submit(request)
+        assert refused.value.retry_after_s >= 1
+        assert [len(stream.result().token_ids) for stream in queued] == [2, 2]
+        assert len(engine.submit(request).result().token_ids) == 2
+    finally:
+        engine.shutdown()

@@ -24,7 +24,7 @@ from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.models.base import Model
 from infer.engine.runtime.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
 from infer.engine.runtime.output import OutputProcessor
-from infer.engine.runtime.request import FaultHook, Request, RequestError
+from infer.engine.runtime.request import EngineBusy, FaultHook, Request, RequestError
 from infer.engine.runtime.scheduler import ScheduledWork, Scheduler, SchedulerLimits
 from infer.engine.runtime.sequence import Sequence
 from infer.engine.runtime.stream import Completion, RequestStream
@@ -49,6 +49,9 @@ class EngineConfig:
     """Rows in one forward pass."""
     batch_size: int = 512
     """Largest prefill chunk of one sequence per step."""
+    max_queue: int = 0
+    """Requests that may wait for a KV slot at once (0 = no bound); one more is refused with
+    EngineBusy, so a burst is shed instead of queueing without limit."""
     fault_hook: FaultHook | None = None
     """Test-only failure injection (see request.FaultHook)."""
     thread_setup: Callable[[], None] | None = None
@@ -81,6 +84,23 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
+    def warm_up(self) -> None:
+        """Run one throwaway decode row (token 0 at position 0 of a free KV slot), so that whatever a
+        backend prepares on first use (the cpu backend's numba kernels, compiled or loaded from their
+        cache) happens now, at load time, instead of inside the first request. The slot goes back
+        at once; its next owner writes position 0 before anything reads it."""
+        with self._step_lock:
+            slot = self.cache.acquire()
+            if slot is None:
+                return
+            try:
+                batch = ForwardBatch(
+                    np.zeros(1, dtype=np.int64), (Segment(slot, 0, 1),), np.zeros(1, dtype=np.int64)
+                )
+                self.model.forward(batch, self.cache)
+            finally:
+                self.cache.release(slot)
+
     # -- submitting ----------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
         """Raise RequestError when the engine could never run `request`."""
@@ -96,9 +116,20 @@ class Engine:
         if bad is not None:
             raise RequestError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", "prompt")
 
+    @property
+    def waiting_sequences(self) -> int:
+        """Requests submitted and not yet holding a KV slot."""
+        with self._incoming_lock:
+            incoming = len(self._incoming)
+        return incoming + len(self.scheduler.waiting)
+
     def submit(self, request: Request) -> RequestStream:
-        """Queue a request and return its event stream (raises RequestError for an impossible one)."""
+        """Queue a request and return its event stream (raises RequestError for an impossible one,
+        EngineBusy when `max_queue` requests already wait)."""
         self.validate(request)
+        limit = self.config.max_queue
+        if limit and self.waiting_sequences >= limit:
+            raise EngineBusy(f"{limit} requests are already waiting for a slot; try again shortly", 1)
         seed = request.seed  # resolved once, when the request was made
         stop_ids = () if request.ignore_eos else self.tokenizer.stop_ids
         sampler = SequenceSampler(
@@ -402,8 +433,8 @@ def load_engine(
     cpu_kernels: str = "blas",
 ) -> Engine:
     """Load a checkpoint, build its family's model (through the model registry) on backend
-    `backend_name` computing in `dtype` (the cpu backend multiplying in `cpu_kernels` mode), and wrap
-    it in an Engine."""
+    `backend_name` computing in `dtype` (the cpu backend multiplying in `cpu_kernels` mode), wrap
+    it in an Engine and warm it up (see `Engine.warm_up`); `load_seconds` includes the warm-up."""
     from infer.engine.backends import create_backend
     from infer.engine.loader import load_checkpoint
     from infer.engine.models import build_model
@@ -414,5 +445,7 @@ def load_engine(
     )  # a dtype the backend lacks fails before loading
     checkpoint = load_checkpoint(model_path)
     model = build_model(checkpoint, backend)
-    load_seconds = time.perf_counter() - started
-    return Engine(model, checkpoint.tokenizer, config, load_seconds=load_seconds)
+    engine = Engine(model, checkpoint.tokenizer, config)
+    engine.warm_up()
+    engine.load_seconds = time.perf_counter() - started
+    return engine

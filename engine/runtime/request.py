@@ -19,6 +19,16 @@ class RequestError(ValueError):
         self.parameter = parameter
 
 
+class EngineBusy(RuntimeError):
+    """The engine's waiting queue is full (`EngineConfig.max_queue`): try again later. Distinct
+    from RequestError: the request itself is fine, the server is overloaded (HTTP 503)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """A hint for the client (HTTP Retry-After), in whole seconds."""
+
+
 def new_request_id() -> str:
     """A unique request id (random, so no module-level counter is shared between engines)."""
     return f"req-{uuid.uuid4().hex[:16]}"
