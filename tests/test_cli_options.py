@@ -10,6 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from infer.cli.help import plain_text
 from infer.cli.options import (
     PANEL_ENGINE,
     PANEL_MODEL,
@@ -145,7 +146,8 @@ def test_help_groups_every_shared_flag_with_its_description() -> None:
     assert text.index(PANEL_SAMPLING) < text.index(PANEL_SPECULATIVE)
     for spec in SETTINGS.values():
         assert spec.flag in text, spec.flag
-        assert spec.description.split(";")[0][:30] in " ".join(text.split()), spec.name
+        # Help shows descriptions as plain text: Sphinx roles (:data:`X`) become X.
+        assert plain_text(spec.description).split(";")[0][:30] in " ".join(text.split()), spec.name
     assert "INFER_TOP_K" in text
 
 

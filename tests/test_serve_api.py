@@ -18,7 +18,7 @@ import pytest
 
 from infer.cli.serve.launch import ServerProcess, start_server
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]  # a server process on the real model
 
 CTX = 2048
 HELLO = [{"role": "user", "content": "Write one sentence about the sea."}]
@@ -27,7 +27,18 @@ HELLO = [{"role": "user", "content": "Write one sentence about the sea."}]
 @pytest.fixture(scope="module")
 def server(default_model_path: Path) -> Iterator[ServerProcess]:
     process = start_server(
-        ["-m", str(default_model_path), "-c", str(CTX), "--max-num-seqs", "8", "--max-body-mb", "8"]
+        [
+            "-m",
+            str(default_model_path),
+            "-c",
+            str(CTX),
+            "--max-num-seqs",
+            "8",
+            "--max-body-mb",
+            "8",
+            "--alias",
+            "any",
+        ]
     )
     yield process
     assert process.stop() == 0, process.stderr
@@ -61,10 +72,23 @@ def _stream_chat(client: openai.OpenAI, **body: Any) -> tuple[list[Any], str]:
 # -- the routes ------------------------------------------------------------------------------------
 def test_models_list(client: openai.OpenAI, default_model_path: Path) -> None:
     models = client.models.list().data
-    assert [m.id for m in models] == [default_model_path.stem]
+    assert [m.id for m in models] == [default_model_path.stem, "any"]  # the served name, then --alias
     assert client.models.retrieve(models[0].id).id == models[0].id
+    assert client.models.retrieve("any").id == "any"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
+
+
+def test_a_model_it_does_not_serve_is_404_model_not_found(client: openai.OpenAI) -> None:
+    """As OpenAI and vLLM answer: the request is not run by another model."""
+    for create in (
+        lambda: client.chat.completions.create(model="gpt-4", messages=HELLO, max_tokens=2),
+        lambda: client.completions.create(model="gpt-4", prompt="Hi", max_tokens=2),
+        lambda: client.responses.create(model="gpt-4", input="Hi", max_output_tokens=2),
+    ):
+        with pytest.raises(openai.NotFoundError) as info:
+            create()
+        assert info.value.code == "model_not_found" and "gpt-4" in info.value.message
 
 
 def test_chat_completion(client: openai.OpenAI, greedy_text: str) -> None:

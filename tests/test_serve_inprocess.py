@@ -67,7 +67,7 @@ def engine(default_model_path: Path, faults: Faults) -> Engine:
 
 @pytest.fixture(scope="module")
 def served(engine: Engine, settings: Settings) -> Iterator[tuple[str, Any]]:
-    app = create_app(engine, settings, model_id="test-model")
+    app = create_app(engine, settings, model_id="test-model", aliases=("m",))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -211,3 +211,24 @@ def test_shutdown_refuses_new_requests_and_cancels_after_grace(
     assert rest[-1] == "data: [DONE]"
     assert "shutting down" in json.loads(rest[-2][6:])["error"]["message"]
     assert _wait_idle(engine, 5) == 0
+
+
+@pytest.mark.real_model
+def test_a_model_it_does_not_serve_is_404_and_aliases_are_served(engine: Engine, settings: Settings) -> None:
+    """As OpenAI and vLLM: a request naming another model is not answered by this one."""
+    client = TestClient(create_app(engine, settings, model_id="smol", aliases=("gpt-4o-mini",)))
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["smol", "gpt-4o-mini"]
+    assert client.get("/v1/models/gpt-4o-mini").status_code == 200
+    routes = (
+        (CHAT, {"messages": MESSAGES, "max_tokens": 1}),
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": 1}),
+        ("/v1/responses", {"input": "Hi", "max_output_tokens": 1}),
+    )
+    for route, body in routes:
+        response = client.post(route, json={**body, "model": "gpt-4"})
+        assert response.status_code == 404, response.text
+        error = response.json()["error"]
+        assert (
+            error["code"] == "model_not_found" and error["param"] == "model" and "gpt-4" in error["message"]
+        )
+    assert client.get("/v1/models/gpt-4").json()["error"]["code"] == "model_not_found"

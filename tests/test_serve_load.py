@@ -19,7 +19,7 @@ import pytest
 
 from infer.cli.serve.launch import ServerProcess, start_server
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]  # a server process on the real model
 
 CLIENTS = 32
 HANG_UPS = 8
@@ -38,7 +38,20 @@ def server(default_model_path: Path) -> Iterator[ServerProcess]:
     # for batches of ~16 rows and more) stalls when the cores are oversubscribed, making a 32-row decode
     # step 10-20x slower. This test is about correctness under concurrency, not BLAS scaling.
     process = start_server(
-        ["-m", str(default_model_path), "-c", "1024", "--max-num-seqs", "32", "--temp", "0", "-t", "1"]
+        [
+            "-m",
+            str(default_model_path),
+            "-c",
+            "1024",
+            "--max-num-seqs",
+            "32",
+            "--temp",
+            "0",
+            "-t",
+            "1",
+            "--alias",
+            "any",
+        ]
     )
     yield process
     process.stop()  # the SIGTERM test normally stopped it already

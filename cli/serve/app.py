@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infer.cli.serve import completions, responses
 from infer.cli.serve.context import ServeContext
-from infer.cli.serve.errors import APIError, error_body, install_error_handlers
+from infer.cli.serve.errors import error_body, install_error_handlers
 from infer.engine.runtime.engine import Engine
 from infer.profiles.settings import Settings
 
@@ -80,6 +80,7 @@ def create_app(
     settings: Settings,
     *,
     model_id: str,
+    aliases: tuple[str, ...] = (),
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
@@ -88,7 +89,7 @@ def create_app(
     Starting the app (its lifespan) starts the engine's background step loop; stopping it refuses new
     requests, cancels what is still running and stops the loop.
     """
-    ctx = ServeContext(engine=engine, settings=settings, model_id=model_id)
+    ctx = ServeContext(engine=engine, settings=settings, model_id=model_id, aliases=tuple(aliases))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -125,9 +126,9 @@ def create_app(
         }
         return JSONResponse(body, status_code=200 if ctx.bridge.admitting else 503)
 
-    def model_card() -> dict[str, Any]:
+    def model_card(name: str) -> dict[str, Any]:
         return {
-            "id": ctx.model_id,
+            "id": name,
             "object": "model",
             "created": ctx.created,
             "owned_by": "infer",
@@ -136,17 +137,14 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        """The one model this server serves."""
-        return {"object": "list", "data": [model_card()]}
+        """The one model this server serves, under its name and each alias."""
+        return {"object": "list", "data": [model_card(name) for name in ctx.served_names]}
 
     @app.get("/v1/models/{model:path}")
     async def retrieve_model(model: str) -> dict[str, Any]:
         """The model card, or 404 for another name."""
-        if model != ctx.model_id:
-            raise APIError(
-                f"the model {model!r} does not exist", status=404, param="model", code="model_not_found"
-            )
-        return model_card()
+        ctx.check_model(model)
+        return model_card(model)
 
     app.add_middleware(_Gate, api_key=api_key, max_body_bytes=max_body_bytes)
     return app

@@ -18,6 +18,7 @@ from typing import Optional
 import typer
 import uvicorn
 
+from infer.cli.hub import is_hub_name
 from infer.cli.model_store import DEFAULT_MODEL, KNOWN_MODELS
 from infer.cli.options import fail, with_settings
 from infer.cli.runtime import open_engine
@@ -45,7 +46,7 @@ def model_id_of(settings: Settings) -> str:
     model = settings.model
     if model is None:
         return DEFAULT_MODEL.name
-    if model in KNOWN_MODELS:
+    if model in KNOWN_MODELS or is_hub_name(model):
         return model
     path = Path(model)
     return path.stem if path.suffix == ".gguf" else path.name
@@ -89,6 +90,12 @@ def serve(
         min=0.001,
         help="Largest request body accepted (MiB).",
     ),
+    alias: Optional[list[str]] = typer.Option(
+        None,
+        "--alias",
+        metavar="NAME",
+        help="Another model name requests may use (repeatable); any other name is 404 model_not_found.",
+    ),
     log_level: str = typer.Option(
         "warning", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."
     ),
@@ -100,7 +107,12 @@ def serve(
     engine = open_engine(settings)
     model_id = model_id_of(settings)
     app = create_app(
-        engine, settings, model_id=model_id, api_key=api_key or None, max_body_bytes=int(max_body_mb * 2**20)
+        engine,
+        settings,
+        model_id=model_id,
+        aliases=tuple(alias or ()),
+        api_key=api_key or None,
+        max_body_bytes=int(max_body_mb * 2**20),
     )
     bridge = app.state.ctx.bridge
 

@@ -133,6 +133,7 @@ def _stream_failure(ctx: ServeContext, done: DoneEvent) -> bytes:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     """Chat completion (OpenAI's shape), streamed as `chat.completion.chunk` events with `stream`."""
     ctx: ServeContext = request.app.state.ctx
+    ctx.check_model(body.model)
     body.check_supported()
     ids = await ctx.chat_prompt(body.chat_messages())
     completion_id = new_id("chatcmpl-")
@@ -231,6 +232,7 @@ async def _chat_chunks(
 async def completions(body: CompletionRequest, request: Request) -> Response:
     """Text completion (OpenAI's legacy shape), streamed as `text_completion` chunks with `stream`."""
     ctx: ServeContext = request.app.state.ctx
+    ctx.check_model(body.model)
     body.check_supported()
     prompts = body.prompt_list()
     if not prompts:

@@ -66,6 +66,8 @@ class ServeContext:
     engine: Engine
     settings: Settings
     model_id: str
+    aliases: tuple[str, ...] = ()
+    """Other names requests may use for the model (`infer serve --alias`)."""
     bridge: EngineBridge = field(init=False)
     created: int = field(default_factory=lambda: int(time.time()))
     """When the model was loaded (the /v1/models `created` field)."""
@@ -79,6 +81,22 @@ class ServeContext:
         self._longest_token = max(
             (len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), default=1
         )
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """The model's name and its aliases: what a request's `model` may say."""
+        return (self.model_id, *self.aliases)
+
+    def check_model(self, name: str | None) -> None:
+        """APIError 404 `model_not_found` when a request names a model this server does not serve (no
+        name at all is accepted: the server has one model)."""
+        if name is not None and name not in self.served_names:
+            raise APIError(
+                f"The model {name!r} does not exist: this server serves {', '.join(self.served_names)}",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
 
     @property
     def ctx_size(self) -> int:

@@ -114,6 +114,7 @@ def _final_status(done: DoneEvent) -> str:
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     """A model response (OpenAI's Responses API); typed Server-Sent Events with `stream`."""
     ctx: ServeContext = request.app.state.ctx
+    ctx.check_model(body.model)
     body.check_supported()
     ids = await ctx.chat_prompt(body.chat_messages(), param="input")
     response_id = new_id("resp_")

@@ -102,7 +102,9 @@ class StreamOptions(_Body):
 class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
     """Fields every generation route shares."""
 
-    model: Optional[StrictStr] = Field(None, description="Ignored: the server serves one model.")
+    model: Optional[StrictStr] = Field(
+        None, description="The served model's name or an --alias (another name: 404 model_not_found)."
+    )
     stream: StrictBool = Field(False, description="Send Server-Sent Events as tokens are sampled.")
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[StrictStr, list[StrictStr]]] = Field(

@@ -55,6 +55,9 @@ class EngineConfig:
     EngineBusy, so a burst is shed instead of queueing without limit."""
     fault_hook: FaultHook | None = None
     """Test-only failure injection (see request.FaultHook)."""
+    thread_setup: Callable[[], None] | None = None
+    """Called first in the background step thread (`start`): thread-local settings of the kernels'
+    libraries, such as numba's thread count, must be made in the thread that runs the steps."""
 
 
 class Engine:
@@ -460,6 +463,8 @@ class Engine:
         self._thread.start()
 
     def _loop(self) -> None:
+        if self.config.thread_setup is not None:
+            self.config.thread_setup()
         while not self._stopping:
             if not self.step():
                 self._wakeup.wait(0.05)

@@ -1,0 +1,119 @@
+"""What a person at a terminal sees (pseudo-terminal tests): `generate` streams by default with a loading
+line first, Ctrl-C keeps the text and exits 130, `--no-stream` buffers, and `infer chat` edits lines,
+keeps history, forgets on /clear and leaves on /exit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pty_terminal import Terminal
+
+pytest_plugins = ["conftest_synthetic"]
+
+STATS = re.compile(
+    r"infer: (\d+) tokens, prompt (\d+), TTFT [\d.]+ s, [\d.]+ tok/s decode, finish (\w+), seed \d+"
+)
+COUNT = ["Count from one to two hundred, in words:", "--temp", "0", "-n", "200", "--ignore-eos", "-c", "256"]
+
+
+def _finish(term: Terminal, timeout: float = 60) -> int:
+    try:
+        return term.finish(timeout=timeout)
+    finally:
+        term.kill()
+
+
+def test_generate_shows_a_loading_line_then_the_text(tiny_gguf: Path) -> None:
+    """stderr on the terminal too: the transient loading line comes before the text."""
+    term = Terminal.spawn(
+        ["generate", "hello the world", "--raw", "--temp", "0", "-n", "8", "--ignore-eos", "-t", "1",
+         "-m", str(tiny_gguf)],
+        stderr_on_pty=True,
+    )  # fmt: skip
+    code = _finish(term)
+    out = term.stdout
+    assert code == 0, out
+    assert f"loading {tiny_gguf.stem}" in out, out
+    assert "Traceback" not in out
+
+
+def test_generate_piped_stays_plain(tiny_gguf: Path, tmp_path: Path) -> None:
+    """stdout to a file: no status line and no escape codes in the text."""
+    import subprocess
+    import sys
+
+    from pty_terminal import ENTRY
+
+    args = ["generate", "hello the world", "--raw", "--temp", "0", "-n", "8", "--ignore-eos", "-t", "1"]
+    result = subprocess.run(
+        [sys.executable, "-c", ENTRY, *args, "-m", str(tiny_gguf)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\x1b" not in result.stderr
+    assert "loading" not in result.stderr and result.stdout.endswith("\n") and result.stdout.strip()
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "no-stream"])
+def test_generate_ctrl_c_prints_the_text_so_far_and_exits_130(default_model_path: Path, stream: bool) -> None:
+    args = ["generate", *COUNT, "-m", str(default_model_path), *([] if stream else ["--no-stream"])]
+    term = Terminal.spawn(args)
+    try:
+        if stream:  # text arrives in several reads while the process still runs
+            assert term.wait_for(lambda: len([c for c in term.chunks if c[1].strip()]) >= 3, timeout=60), (
+                term.stderr.decode()
+            )
+            assert term.alive()
+        else:  # nothing until the end: wait until decoding is surely under way
+            assert term.wait_for(lambda: False, timeout=8) is False
+            assert not term.stdout.strip() and term.alive()
+        term.type("\x03")  # Ctrl-C, typed at the terminal
+        code = term.finish(timeout=30)
+    finally:
+        term.kill()
+    stderr = term.stderr.decode("utf-8", errors="replace")
+    assert code == 130, stderr
+    assert "Traceback" not in stderr
+    stats = [m for m in map(STATS.match, stderr.splitlines()) if m]
+    assert len(stats) == 1 and stats[0].group(3) == "cancelled", stderr
+    assert 1 <= int(stats[0].group(1)) < 200
+    assert "one" in term.stdout.lower(), term.stdout  # the partial text is printed, streamed or not
+
+
+def test_chat_line_editing_history_clear_and_exit(tiny_gguf: Path, tmp_path: Path) -> None:
+    term = Terminal.spawn(
+        ["chat", "-m", str(tiny_gguf), "--temp", "0", "-n", "4", "-t", "1"],
+        env={"INFER_HOME": str(tmp_path), "PROMPT_TOOLKIT_NO_CPR": "1"},
+    )
+    try:
+
+        def stats() -> list[re.Match]:
+            text = term.stderr.decode("utf-8", errors="replace")
+            return [m for m in map(STATS.match, text.splitlines()) if m]
+
+        assert term.wait_for(lambda: ">>>" in term.stdout, timeout=60), term.stderr.decode()
+        term.type("helo\x1b[Dl\r")  # a typo mended with the left arrow: "hello"
+        assert term.wait_for(lambda: len(stats()) == 1, timeout=30), term.stderr.decode()
+        first_prompt = int(stats()[0].group(2))
+        term.type("hi again\r")
+        assert term.wait_for(lambda: len(stats()) == 2, timeout=30), term.stderr.decode()
+        assert int(stats()[1].group(2)) > first_prompt  # the conversation so far is in the prompt
+        prompts = term.stdout.count(">>>")
+        term.type("/clear\r")
+        assert term.wait_for(lambda: b"conversation cleared" in term.stderr, timeout=30)
+        # Type the arrows only once the next prompt is drawn: before that the terminal is still in
+        # cooked mode and would echo them as ^[[A (prompt_toolkit still reads them afterwards).
+        assert term.wait_for(lambda: term.stdout.count(">>>") > prompts, timeout=30)
+        term.type("\x1b[A\x1b[A\x1b[A\r")  # up three times: "hello" from the history
+        assert term.wait_for(lambda: len(stats()) == 3, timeout=30), term.stderr.decode()
+        assert int(stats()[2].group(2)) == first_prompt  # /clear forgot the conversation
+        term.type("/exit\r")
+        code = term.finish(timeout=30)
+    finally:
+        term.kill()
+    assert code == 0, term.stderr.decode()
+    assert "^[[" not in term.stdout  # arrow keys edit the line instead of printing escapes
+    assert "hello" in (tmp_path / "chat_history").read_text()
