@@ -20,7 +20,7 @@ import numpy as np
 from infer.engine.backends.attention import AttentionPlan, causal_mask
 from infer.engine.backends.base import Capabilities, SamplingEnvelope
 from infer.engine.backends.errors import BackendError
-from infer.engine.backends.gguf_affine import GROUP, to_affine
+from infer.engine.backends.gguf_affine import GROUP, dequantize_affine, to_affine
 from infer.engine.backends.kv_cache import KVCache
 
 QUANT_FORMATS: tuple[str, ...] = ("Q4_0", "Q4_1", "Q8_0")
@@ -93,6 +93,12 @@ class MetalBackend:
         self.mx = mx
         """mlx.core (the array module the envelope sampler runs on)."""
         self._dtype = getattr(mx, dtype)
+        self.on_gpu = mx.default_device().type == mx.gpu
+        """True on Metal; False on MLX's CPU build (or a Mac told to use its CPU)."""
+        self.quantized_matmul = dtype == "float32" or self.on_gpu
+        """Whether GGUF blocks stay quantized. MLX's CPU quantized matmul in float16/bfloat16 runs
+        10-65x slower than float32 (no half-precision SIMD there), so on the CPU those dtypes take
+        the blocks dequantized (exactly, see gguf_affine) into dense matrices of the dtype."""
 
     @property
     def block_formats(self) -> frozenset[str]:
@@ -120,7 +126,7 @@ class MetalBackend:
     ) -> MlxWeight:
         """A dense array in the compute dtype, or GGUF blocks of `quant` (Q4_0/Q4_1/Q8_0) of logical
         `shape` [out, in] as affine groups (scales and biases in the compute dtype: exact, see
-        gguf_affine)."""
+        gguf_affine); dequantized to a dense matrix where `quantized_matmul` is False."""
         mx = self.mx
         if quant is None:
             return MlxDense(mx.array(np.asarray(array, dtype=np.float32)).astype(self._dtype))
@@ -129,6 +135,8 @@ class MetalBackend:
                 f"the metal backend computes on no {quant} blocks of shape {shape}; pass it as floats"
             )
         groups = to_affine(array, quant, (int(shape[0]), int(shape[1])))
+        if not self.quantized_matmul:
+            return MlxDense(mx.array(dequantize_affine(groups)).astype(self._dtype))
         return MlxQuant(
             mx.array(groups.packed),
             mx.array(groups.scales).astype(self._dtype),
@@ -259,7 +267,7 @@ class MetalBackend:
         hides each row's positions past its own), each prefill run through one more with a causal
         mask; the scale is 1 (the model folds 1/sqrt(d) into q's rotations)."""
         mx = self.mx
-        rows, heads, head_dim = q.shape
+        rows = q.shape[0]
         q = self._activation(q)
         pieces: list[Any] = []
         order: list[np.ndarray] = []
