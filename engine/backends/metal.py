@@ -129,39 +129,55 @@ class MetalBackend:
         gguf_affine); dequantized to a dense matrix where `quantized_matmul` is False."""
         mx = self.mx
         if quant is None:
-            return MlxDense(mx.array(np.asarray(array, dtype=np.float32)).astype(self._dtype))
+            return self._ready(MlxDense(mx.array(np.asarray(array, dtype=np.float32)).astype(self._dtype)))
         if quant not in QUANT_FORMATS or shape is None or len(shape) != 2 or shape[1] % GROUP:
             raise BackendError(
                 f"the metal backend computes on no {quant} blocks of shape {shape}; pass it as floats"
             )
         groups = to_affine(array, quant, (int(shape[0]), int(shape[1])))
         if not self.quantized_matmul:
-            return MlxDense(mx.array(dequantize_affine(groups)).astype(self._dtype))
-        return MlxQuant(
-            mx.array(groups.packed),
-            mx.array(groups.scales).astype(self._dtype),
-            mx.array(groups.biases).astype(self._dtype),
-            groups.bits,
-            (int(shape[0]), int(shape[1])),
+            return self._ready(MlxDense(mx.array(dequantize_affine(groups)).astype(self._dtype)))
+        return self._ready(
+            MlxQuant(
+                mx.array(groups.packed),
+                mx.array(groups.scales).astype(self._dtype),
+                mx.array(groups.biases).astype(self._dtype),
+                groups.bits,
+                (int(shape[0]), int(shape[1])),
+            )
         )
+
+    def _ready(self, weight: MlxWeight) -> MlxWeight:
+        """`weight` with its arrays evaluated now. An unevaluated MLX array belongs to the stream of the
+        thread that made it, and the engine's step loop may run in another thread (the server's)."""
+        if isinstance(weight, MlxStacked):
+            for part in weight.parts:
+                self._ready(part)
+        elif isinstance(weight, MlxQuant):
+            self.mx.eval(weight.packed, weight.scales, weight.biases)
+        else:
+            self.mx.eval(weight.data)
+        return weight
 
     def stack(self, weights: Sequence[MlxWeight]) -> MlxWeight:
         """One weight whose rows are `weights`' rows in order: dense or same-width quantized matrices
         are concatenated, others kept as parts."""
         mx = self.mx
         if all(isinstance(w, MlxDense) for w in weights):
-            return MlxDense(mx.concatenate([w.data for w in weights]))  # type: ignore[union-attr]
+            return self._ready(MlxDense(mx.concatenate([w.data for w in weights])))  # type: ignore[union-attr]
         if not all(isinstance(w, MlxQuant) for w in weights):
             raise BackendError("cannot stack dense and quantized weights into one")
         parts: tuple[MlxQuant, ...] = tuple(weights)  # type: ignore[arg-type]
         rows = sum(p.shape[0] for p in parts)
         if len({p.bits for p in parts}) == 1:
-            return MlxQuant(
-                mx.concatenate([p.packed for p in parts]),
-                mx.concatenate([p.scales for p in parts]),
-                mx.concatenate([p.biases for p in parts]),
-                parts[0].bits,
-                (rows, parts[0].shape[1]),
+            return self._ready(
+                MlxQuant(
+                    mx.concatenate([p.packed for p in parts]),
+                    mx.concatenate([p.scales for p in parts]),
+                    mx.concatenate([p.biases for p in parts]),
+                    parts[0].bits,
+                    (rows, parts[0].shape[1]),
+                )
             )
         return MlxStacked(parts, (rows, parts[0].shape[1]))
 
@@ -179,8 +195,10 @@ class MetalBackend:
         return np.array(array)
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
-        """Zeros in the compute dtype."""
-        return self.mx.zeros(shape, dtype=self._dtype)
+        """Zeros in the compute dtype, evaluated (see `_ready`)."""
+        zeros = self.mx.zeros(shape, dtype=self._dtype)
+        self.mx.eval(zeros)
+        return zeros
 
     # -- ops on activations ---------------------------------------------------------------------
     def _activation(self, x: Any) -> Any:
