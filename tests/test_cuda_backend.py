@@ -113,3 +113,24 @@ def test_cuda_matches_numpy_on_the_tiny_model(tiny_model_factory, quant: str, dt
     want = engines["cpu"].model.forward(batch, engines["cpu"].cache)
     tolerance = 1e-3 if dtype == "float32" or quant != "F32" else 5e-2
     np.testing.assert_allclose(got, want, atol=tolerance * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.skipif(probe_backend("cuda") is None, reason="cuda runs here: nothing falls back")
+def test_without_a_gpu_the_cuda_profile_falls_back_or_exits_2(tiny_gguf: Path) -> None:
+    """`--profile cuda` runs on cpu after one notice line; with `--strict-backend` it exits 2."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
+    base = [sys.executable, "-c", "from infer.cli.main import main; main()", "generate", "--profile", "cuda"]
+    tail = ["-m", str(tiny_gguf), "-n", "3", "hello"]
+    strict = subprocess.run(
+        [*base, "--strict-backend", *tail], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert strict.returncode == 2 and strict.stdout == ""
+    assert len(strict.stderr.strip().splitlines()) == 1 and "--strict-backend" in strict.stderr
+    fallback = subprocess.run([*base, *tail], capture_output=True, text=True, env=env, timeout=120)
+    assert fallback.returncode == 0, fallback.stderr
+    notices = [line for line in fallback.stderr.splitlines() if "unavailable" in line]
+    assert len(notices) == 1 and notices[0].endswith("using cpu in float32 (not bfloat16)")
