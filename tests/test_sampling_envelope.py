@@ -95,7 +95,7 @@ assert BIG_VOCAB > POOL_LIMIT
 
 IN_ENVELOPE: dict[str, list[dict[str, Any]]] = {
     "temperature": [{"temperature": 0.3}, {"temperature": 1.0}, {"temperature": 2.5}],
-    "top_k": [{"top_k": 1}, {"top_k": 40}, {"top_k": 700}, {"top_k": 10**9, "top_p": 1.0, "min_p": 0.05}],
+    "top_k": [{"top_k": 1}, {"top_k": 40}, {"top_k": 512}, {"top_k": 10**9, "top_p": 1.0, "min_p": 0.05}],
     "top_p": [{"top_p": 0.5}, {"top_p": 0.9}, {"top_p": 1.0}],
     "min_p": [{"min_p": 0.0}, {"min_p": 0.2}, {"min_p": 0.999}, {"top_k": 0, "top_p": 1.0, "min_p": 0.1}],
     "logit_bias": [
@@ -145,7 +145,7 @@ OUTSIDE: dict[str, dict[str, Any]] = {
     "n_probs": {"n_probs": 3},
     "min_keep": {"min_keep": 5},
     "min_p": {"min_p": 1.0},
-    "top_k": {"top_k": 2000},
+    "top_k": {"top_k": 513},
     "top_p": {"top_k": 0, "top_p": 0.9},
 }
 

@@ -6,7 +6,7 @@ the host chain would reach, then runs the host chain's own stages and draw on it
 (`SequenceSampler.sample_candidates`), with the same Philox (seed, position) uniform. So a request
 inside the envelope draws the same token on the device path as on the host path, by construction:
 
-* top_k (1 <= k < vocab, k <= POOL_LIMIT): the k best are the row's best with value >= the k-th
+* top_k (1 <= k < vocab, k <= POOL_LIMIT / 2): the k best are the row's best with value >= the k-th
   best value (ties included, so the host's lowest-id tie rule decides). top_p, min_p and
   temperature then run on exactly the set the host's top_k would have given them.
 * no top_k (0 or >= vocab), top_p off, min_p in (0, 1): min_p keeps the values >= max + log(min_p),
@@ -62,7 +62,8 @@ def in_envelope(params: SamplingParams, vocab: int) -> bool:
 
     Inside: temperature > 0 without dynamic temperature or mirostat, no penalties, DRY, XTC,
     typical-p or top-n-sigma, the default stage order, no logprobs, min_keep <= 1, min_p < 1, and a
-    candidate set bounded by top_k <= POOL_LIMIT, by min_p (with top_p off), or by the vocabulary.
+    candidate set bounded by top_k <= POOL_LIMIT / 2 (the device returns 2k, room for ties at the k-th
+    value), by min_p (with top_p off), or by the vocabulary.
     """
     p = params
     if (
@@ -84,17 +85,17 @@ def in_envelope(params: SamplingParams, vocab: int) -> bool:
         return True
     k = effective_top_k(p, vocab)
     if k:
-        return k <= POOL_LIMIT
+        return k <= POOL_LIMIT // 2
     return p.min_p > 0.0 and p.top_p >= 1.0
 
 
 def candidate_width(params: SamplingParams, vocab: int) -> int:
     """How many best logits per row the device must return for an in-envelope request: the vocabulary
-    when it is small, else top_k plus room for ties at the k-th value, else POOL_LIMIT (min_p)."""
+    when it is small, else twice top_k (room for ties at the k-th value), else POOL_LIMIT (min_p)."""
     if vocab <= POOL_LIMIT:
         return vocab
     k = effective_top_k(params, vocab)
-    return min(POOL_LIMIT, vocab, max(2 * k, 64)) if k else min(POOL_LIMIT, vocab)
+    return min(vocab, max(2 * k, 64)) if k else min(POOL_LIMIT, vocab)
 
 
 def kept_candidates(
