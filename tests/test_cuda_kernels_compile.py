@@ -25,14 +25,16 @@ def compile_source(name: str, source: str) -> tuple[bytes, str]:
         options = [f"--gpu-architecture={ARCH}".encode(), *(o.encode() for o in COMPILE_OPTIONS)]
         (result,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
         _, log_size = nvrtc.nvrtcGetProgramLogSize(program)
-        log = b" " * log_size
+        # Writable buffers: NVRTC writes into what it is given, and `b" " * 1` is CPython's shared
+        # one-byte object (writing into it turned every later b" " into b"\x00").
+        log = bytearray(max(log_size, 1))
         nvrtc.nvrtcGetProgramLog(program, log)
         text = log.decode(errors="replace").rstrip("\x00 \n")
         assert result == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{name} failed to compile:\n{text}"
         _, size = nvrtc.nvrtcGetCUBINSize(program)
-        cubin = b" " * size
+        cubin = bytearray(size)
         nvrtc.nvrtcGetCUBIN(program, cubin)
-        return cubin, text
+        return bytes(cubin), text
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
