@@ -78,6 +78,23 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
+    def warm_up(self) -> None:
+        """Run one throwaway decode row (token 0 at position 0 of a free KV slot), so that whatever a
+        backend prepares on first use (the cpu backend's numba kernels, compiled or loaded from their
+        cache) happens now, at load time, instead of inside the first request. The slot goes back
+        at once; its next owner writes position 0 before anything reads it."""
+        with self._step_lock:
+            slot = self.cache.acquire()
+            if slot is None:
+                return
+            try:
+                batch = ForwardBatch(
+                    np.zeros(1, dtype=np.int64), (Segment(slot, 0, 1),), np.zeros(1, dtype=np.int64)
+                )
+                self.model.forward(batch, self.cache)
+            finally:
+                self.cache.release(slot)
+
     # -- submitting ----------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
         """Raise RequestError when the engine could never run `request`."""
@@ -397,8 +414,8 @@ def load_engine(
     cpu_kernels: str = "blas",
 ) -> Engine:
     """Load a checkpoint, build its family's model (through the model registry) on backend
-    `backend_name` computing in `dtype` (the cpu backend multiplying in `cpu_kernels` mode), and wrap
-    it in an Engine."""
+    `backend_name` computing in `dtype` (the cpu backend multiplying in `cpu_kernels` mode), wrap
+    it in an Engine and warm it up (see `Engine.warm_up`); `load_seconds` includes the warm-up."""
     from infer.engine.backends import create_backend
     from infer.engine.loader import load_checkpoint
     from infer.engine.models import build_model
@@ -409,5 +426,7 @@ def load_engine(
     )  # a dtype the backend lacks fails before loading
     checkpoint = load_checkpoint(model_path)
     model = build_model(checkpoint, backend)
-    load_seconds = time.perf_counter() - started
-    return Engine(model, checkpoint.tokenizer, config, load_seconds=load_seconds)
+    engine = Engine(model, checkpoint.tokenizer, config)
+    engine.warm_up()
+    engine.load_seconds = time.perf_counter() - started
+    return engine
