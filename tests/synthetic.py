@@ -406,6 +406,7 @@ def write_tiny_model(
     context_length: int = 512,
     tensor_quants: Mapping[str, str] | None = None,
     gguf_metadata: Mapping[str, Any] | None = None,
+    vocab: int | None = None,
 ) -> TinyModel:
     """Write one random model as `folder/model.gguf` and the folder `folder/hf`; return both paths.
 
@@ -421,6 +422,8 @@ def write_tiny_model(
         tensor_quants: per-GGUF-tensor type overrides, e.g. {"blk.0.ffn_down.weight": "Q2_K"}.
         gguf_metadata: GGUF key/value overrides written after the normal ones (a value of None drops
         the key), e.g. {"general.architecture": "gptneox"}; the folder is unaffected.
+        vocab: pad the vocabulary with filler tokens `<|filler_N|>` (no merge makes them) up to this
+        size, for a model of a real model's shapes (scripts/gpu_synthetic.py).
     """
     if quant not in (*QUANT_TYPES, *K_QUANTS):
         raise ValueError(f"quant must be one of {QUANT_TYPES}, not {quant!r}")
@@ -440,6 +443,10 @@ def write_tiny_model(
     gguf_path = folder / "model.gguf"
 
     tokens, token_types, merges = tiny_vocabulary()
+    if vocab is not None and vocab > len(tokens):
+        fillers = vocab - len(tokens)
+        tokens = [*tokens, *(f"<|filler_{i}|>" for i in range(fillers))]
+        token_types = [*token_types, *([token_types[-1]] * fillers)]
     rng = np.random.default_rng(seed)
     hf = _random_weights(
         rng,

@@ -60,6 +60,10 @@ def test_a_dtype_the_backend_lacks_is_a_clear_error(name: str) -> None:
     missing = next(d for d in ("float16", "bfloat16", "float64") if d not in cls.capabilities.dtypes)
     with pytest.raises(BackendError, match=f"{missing}.*float32|float32.*{missing}"):
         create_backend(name, missing)
+    if probe_backend(name) is not None:  # implemented, but its library or device is missing here
+        with pytest.raises(BackendError, match=name):
+            create_backend(name, "float32")
+        return
     assert create_backend(name, "float32").dtype == "float32"
 
 

@@ -113,6 +113,8 @@ def engines(tiny_gguf: Path, faults: Faults) -> dict[str, Engine]:
         choice = select_backend(missing, strict=False)
         assert choice.selected == "cpu" and choice.reason, choice
         result["fallback"] = load_engine(tiny_gguf, make_config(faults), choice.selected)
+    if probe_backend("metal") is None:  # MLX (Metal, or its Linux CPU build) runs the same matrix
+        result["metal"] = load_engine(tiny_gguf, make_config(faults), "metal")
     return result
 
 
@@ -125,7 +127,7 @@ def cpu_engine(engines: dict[str, Engine]) -> Iterator[Engine]:
 
 def engine_for(engines: dict[str, Engine], backend: str) -> Engine:
     if backend not in engines:
-        pytest.skip("every backend is available here: no fallback to test")
+        pytest.skip(f"no {backend} engine here (every backend is available, or mlx is not installed)")
     return engines[backend]
 
 
@@ -301,7 +303,7 @@ CONSUMERS: dict[str, Callable[..., list[Run]]] = {
 @pytest.mark.parametrize("consumer", sorted(CONSUMERS))
 @pytest.mark.parametrize("concurrency", [1, 4])
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
-@pytest.mark.parametrize("backend", ["cpu", "fallback"])
+@pytest.mark.parametrize("backend", ["cpu", "fallback", "metal"])
 def test_mode_matrix(
     engines: dict[str, Engine], faults: Faults, backend: str, mode: str, concurrency: int, consumer: str
 ) -> None:
@@ -330,7 +332,7 @@ def test_mode_matrix(
             assert run.done.token_ids != alone(engine, prompt, GREEDY), "sampled run reproduced greedy"
 
 
-@pytest.mark.parametrize("backend", ["cpu", "fallback"])
+@pytest.mark.parametrize("backend", ["cpu", "fallback", "metal"])
 def test_sampling_differs_from_greedy_across_seeds(engines: dict[str, Engine], backend: str) -> None:
     engine = engine_for(engines, backend)
     prompt = ids(engine, PROMPTS[0])

@@ -260,3 +260,37 @@ def test_penalties_and_dry_distribution():
     ids, probs = fresh(0).final_distribution(LOGITS, 0)
     np.testing.assert_allclose(_vec(dict(zip(ids.tolist(), probs.tolist(), strict=True))), target, atol=1e-6)
     _check(_draw(fresh, N_DRAWS, vary_seed=False), target, set(range(VOCAB)))
+
+
+# ----------------------------------------------------------------- envelope sampling on a device
+
+DEVICE_CASES = ("top_k", "top_p", "min_p", "temperature", "default_chain")
+"""The cases inside the device-sampling envelope (with the default stage order, equivalent here)."""
+
+
+@pytest.mark.parametrize("xp_name", ["numpy", "mlx"])
+@pytest.mark.parametrize("name", DEVICE_CASES)
+def test_device_envelope_distribution(name: str, xp_name: str) -> None:
+    """The device path (candidates on the array module, draw finished on the host) has the stage's
+    distribution: the same chi-square check on N_DRAWS draws, batch rows at distinct positions."""
+    from infer.engine.runtime.device_sampling import sample_on_device
+    from infer.engine.sampling.envelope import in_envelope
+
+    if xp_name == "mlx":
+        mx = pytest.importorskip("mlx.core", reason="mlx is not installed")
+        xp, to_host = mx, np.array
+    else:
+        xp, to_host = np, np.asarray
+    overrides, reference = CASES[name]
+    params = SamplingParams(**{**ALL_OFF, **overrides, "samplers": SamplingParams().samplers})
+    assert in_envelope(params, VOCAB)
+    target = _vec(reference(_base()))
+    sampler = SequenceSampler(params, seed=21, vocab_size=VOCAB)
+    rows = 2000
+    logits = xp.array(np.broadcast_to(LOGITS, (rows, VOCAB)).copy())
+    counts = np.zeros(VOCAB, dtype=np.int64)
+    for start in range(0, N_DRAWS, rows):
+        drawn = sample_on_device(xp, logits, [sampler] * rows, list(range(start, start + rows)), to_host)
+        assert all(token is not None for token in drawn)
+        np.add.at(counts, [token.token_id for token in drawn if token is not None], 1)
+    _check(counts, target, {int(t) for t in np.flatnonzero(target)})

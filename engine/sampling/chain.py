@@ -199,6 +199,10 @@ class SequenceSampler:
             c: st.Cands = (ids, w[ids])
         else:
             c = (self._arange, w)
+        return self._distribution_of(c, position, u)
+
+    def _distribution_of(self, c: st.Cands, position: int, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The final distribution from finite candidates `c` (ids ascending) through the chain."""
         chain = self.chain
         for link in chain.links:
             c = link(c, u)
@@ -261,10 +265,7 @@ class SequenceSampler:
                 self._pending = (pos, np.array([token]), np.array([1.0]))
         else:
             u = self._rng.uniforms(pos, 1 + self._n_xtc)
-            ids, probs = self._distribution(w, pos, u)
-            cdf = np.cumsum(probs)
-            j = int(np.searchsorted(cdf, u[0] * cdf[-1], side="right"))
-            token = int(ids[min(j, ids.shape[0] - 1)])
+            token = _draw(*self._distribution(w, pos, u), u)
         if not self.params.logprobs:
             return SampledToken(token, None, ())
         top = float(x.max())
@@ -277,3 +278,21 @@ class SequenceSampler:
             sel = sel[st.order_desc(sel, x[sel])]
             alts = tuple((int(t), float(x[t]) - lse) for t in sel)
         return SampledToken(token, logprob, alts)
+
+    def sample_candidates(self, ids: np.ndarray, logits: np.ndarray, position: int) -> SampledToken:
+        """Draw this step's token from candidates a device picked (envelope sampling, see
+        `infer.engine.sampling.envelope`): `ids` ascending with their finite, biased float32 `logits`,
+        the set the chain's first truncating stage keeps. The rest of the chain, the uniform of
+        (seed, position) and the draw are :meth:`sample`'s own, so the token is the one it draws
+        from the full row. Only for params inside the envelope (no logprobs, not greedy)."""
+        pos = self._check_position(position)
+        u = self._rng.uniforms(pos, 1 + self._n_xtc)
+        c: st.Cands = (np.asarray(ids, dtype=np.int64), np.asarray(logits, dtype=np.float32))
+        return SampledToken(_draw(*self._distribution_of(c, pos, u), u), None, ())
+
+
+def _draw(ids: np.ndarray, probs: np.ndarray, u: np.ndarray) -> int:
+    """The inverse-CDF draw of uniform u[0] over `probs` of `ids` (in id order)."""
+    cdf = np.cumsum(probs)
+    j = int(np.searchsorted(cdf, u[0] * cdf[-1], side="right"))
+    return int(ids[min(j, ids.shape[0] - 1)])
