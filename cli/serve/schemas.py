@@ -111,6 +111,12 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         False, description="llama.cpp extension: keep generating past end-of-text."
     )
     user: Optional[StrictStr] = None
+    return_token_ids: StrictBool = Field(
+        False, description="vLLM extension: each choice also carries its generated `token_ids`."
+    )
+    return_tokens_as_token_ids: StrictBool = Field(
+        False, description='vLLM extension: logprob tokens are written "token_id:N" instead of text.'
+    )
 
     def check_supported(self) -> None:
         """Refuse what this server cannot honour, rather than silently ignore it: speculative decoding
@@ -404,6 +410,9 @@ class ResponsesRequest(Generation):
     def check_supported(self) -> None:
         """Refuse what this server cannot honour."""
         super().check_supported()
+        for name in ("return_token_ids", "return_tokens_as_token_ids"):
+            if getattr(self, name):
+                raise APIError(f"{name} is not supported on /v1/responses", param=name)
         if self.previous_response_id is not None:
             raise APIError(
                 "previous_response_id is not supported: responses are not stored",
