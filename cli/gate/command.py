@@ -557,13 +557,17 @@ def _gate_server(
             for index, remote in remote_runs.items()
             if remote.run.error is None and remote.run.finish_reason != "error"
         }
-        for result in results:
-            if result.status == "error":
-                result.problems = [p.removeprefix("could not check: ") for p in result.problems]
+        failed = [
+            result
+            for anchor, result in zip(selected, results, strict=True)
+            if remote_runs[anchor.index].run.error is not None
+        ]
+        for result in failed:
+            result.problems = [p.removeprefix("could not check: ") for p in result.problems[:1]]
         _bless(
             loaded,
             good,
-            results,
+            failed,
             keep_tokens=keep_tokens,
             fingerprint=fingerprint,
             console=console,

@@ -7,12 +7,16 @@ seeded as the anchor's sampler says, unstreamed, and asks for the generated ids 
 give them; the first that answers wins, and the report says which:
 
 1. `token_ids` on the choice: vLLM's `return_token_ids` (also `infer serve`'s);
-2. the ids inside the logprobs: llama-server's `logprobs.content[i].id` (`n_probs`), or vLLM's
-   `return_tokens_as_token_ids` (`"token_id:1234"` strings, also `infer serve`'s);
-3. the returned text tokenized with the model's own tokenizer (last resort; a text may tokenize
+2. `__verbose.tokens`: llama-server's `return_tokens` (with `verbose`, its debug copy of the native
+   answer, the only place its OpenAI routes put every generated id);
+3. the ids inside the logprobs: llama-server's `logprobs.content[i].id` (`n_probs`), or vLLM's
+   `return_tokens_as_token_ids` (`"token_id:1234"` strings, also `infer serve`'s), used only when
+   there is one entry per generated token (llama-server merges the tokens of a split UTF-8
+   character into one entry and drops a stop string's tokens);
+4. the returned text tokenized with the model's own tokenizer (last resort; a text may tokenize
    otherwise than it was generated, and the end-of-text token is put back only when no stop string
    could have ended the run);
-4. text only: the text's sha256 is compared with the anchor's `text_sha256` (stored by
+5. text only: the text's sha256 is compared with the anchor's `text_sha256` (stored by
    `--bless --server`).
 
 Near-ties: the same requests ask for the top-2 logprobs (`top_logprobs: 2`, `logprobs: 2`,
@@ -38,6 +42,8 @@ from infer.engine.text.tokenizer import Tokenizer
 
 IDS_FIELD = "token_ids"
 """Ids from the choice's `token_ids` (vLLM `return_token_ids`)."""
+IDS_TOKENS = "tokens"
+"""Ids from llama-server's `__verbose.tokens` (`return_tokens` with `verbose`)."""
 IDS_LOGPROBS = "logprobs"
 """Ids from the logprobs entries (llama-server `n_probs`, vLLM `return_tokens_as_token_ids`)."""
 IDS_RETOKENIZED = "retokenized"
@@ -81,7 +87,11 @@ class RemoteRun:
                 top2_gaps=(),
                 text_sha256=self.text_sha256,
             )
-        return dataclasses.replace(self.run.blessing(), counters=None, text_sha256=self.text_sha256)
+        fresh = self.run.blessing()
+        gaps = (
+            fresh.top2_gaps if len(fresh.top2_gaps) == len(fresh.token_ids) else [None] * len(fresh.token_ids)
+        )
+        return dataclasses.replace(fresh, counters=None, top2_gaps=gaps, text_sha256=self.text_sha256)
 
 
 def anchor_messages(anchor: ResolvedAnchor) -> list[dict[str, Any]] | None:
@@ -114,6 +124,8 @@ def anchor_body(
         "n_probs": n_probs,
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
+        "return_tokens": True,
+        "verbose": True,
     }
     if spec.stop:
         body["stop"] = list(spec.stop)
@@ -194,6 +206,10 @@ def _retokenize(
     return ids, None
 
 
+def _id_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
 def parse_completion(
     data: Any, *, chat: bool, anchor: ResolvedAnchor, tokenizer: Tokenizer | None, seconds: float
 ) -> RemoteRun:
@@ -212,11 +228,16 @@ def parse_completion(
     if finish not in _FINISH_REASONS:
         error = f"the server ended the completion with finish_reason {finish!r}"
     step_ids, step_tops = _logprob_steps(choice.get("logprobs"))
+    completion_tokens = usage.get("completion_tokens")
+    whole = not isinstance(completion_tokens, int) or completion_tokens == len(step_ids)
+    verbose = data.get("__verbose") if isinstance(data.get("__verbose"), dict) else {}
     ids: list[int] | None = None
-    given = choice.get("token_ids")
-    if isinstance(given, list) and all(isinstance(t, int) for t in given):
+    given, native = choice.get("token_ids"), verbose.get("tokens")
+    if _id_list(given):
         ids, method = [int(t) for t in given], IDS_FIELD
-    elif step_ids and all(t is not None for t in step_ids):
+    elif _id_list(native):
+        ids, method = [int(t) for t in native], IDS_TOKENS
+    elif step_ids and whole and all(t is not None for t in step_ids):
         ids, method = [int(t) for t in step_ids if t is not None], IDS_LOGPROBS
     elif tokenizer is not None:
         ids, why = _retokenize(text, str(finish), anchor, tokenizer)
@@ -365,6 +386,7 @@ __all__ = [
     "IDS_LOGPROBS",
     "IDS_RETOKENIZED",
     "IDS_TEXT_ONLY",
+    "IDS_TOKENS",
     "RemoteRun",
     "anchor_body",
     "judge_remote",
