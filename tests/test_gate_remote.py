@@ -268,6 +268,7 @@ def test_locally_blessed_anchors_pass_on_infer_serve(tmp_path: Path, default_mod
         remote = infer_cli(
             "gate", str(path), "--server", server.url or "", "--json", env={"INFER_API_KEY": "sesame"}
         )
+        _check_token_id_fields(server.url or "", "sesame")
     finally:
         server.stop()
     assert denied.returncode == 2 and "HTTP 401" in denied.stderr, denied.stderr
@@ -276,3 +277,34 @@ def test_locally_blessed_anchors_pass_on_infer_serve(tmp_path: Path, default_mod
     assert [a["status"] for a in payload["anchors"]] == ["pass"] * 4
     assert {a["got"]["ids_method"] for a in payload["anchors"]} == {IDS_FIELD}
     assert payload["fingerprint"]["server"]["models"]
+
+
+def _check_token_id_fields(url: str, key: str) -> None:
+    """`infer serve`'s vLLM extensions: `return_token_ids` whole and streamed (the same ids), and
+    `return_tokens_as_token_ids` in the logprobs; refused where they cannot be honoured."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"}
+    common = {"max_tokens": 5, "temperature": 0, "return_token_ids": True}
+    with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
+        for route, extra in (
+            ("/v1/completions", {"prompt": "Hello there", "logprobs": 1}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True}),
+        ):
+            body = {**common, **extra, "return_tokens_as_token_ids": True}
+            whole = http.post(route, json=body).json()
+            choice = whole["choices"][0]
+            ids = choice["token_ids"]
+            assert len(ids) == whole["usage"]["completion_tokens"] > 0
+            logprobs = choice["logprobs"]
+            tokens = logprobs["tokens"] if "tokens" in logprobs else [e["token"] for e in logprobs["content"]]
+            assert tokens == [f"token_id:{t}" for t in ids]
+            streamed: list[int] = []
+            with http.stream("POST", route, json={**body, "stream": True}) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        for item in json.loads(line[6:]).get("choices") or []:
+                            streamed += item.get("token_ids") or []
+            assert streamed == ids, route
+        refused = http.post("/v1/responses", json={"input": "Hi", "return_token_ids": True})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "return_token_ids"
