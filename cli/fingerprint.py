@@ -137,15 +137,19 @@ def environment_fingerprint(
     profile_path: Path | str | None = None,
     model: str | None = None,
     cpu_kernels: str | None = None,
+    server: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything about this machine and build that can change generated tokens or their speed.
 
     `backend`/`device` are the backend that really runs (after any fallback) and its device name;
     `profile_name`/`profile_path` the resolved profile; `model` the model file name; `cpu_kernels` the
-    cpu backend's matmul mode (exact, int8, blas) when it runs.
+    cpu backend's matmul mode (exact, int8, blas) when it runs; `server` the identity of a remote
+    OpenAI-compatible server that generated instead (its `/v1/models` ids and version headers), added
+    under `server` only when given.
     """
     import numpy
 
+    extra = {"server": dict(server)} if server is not None else {}
     return {
         "infer": {"version": _infer_version(), "commit": git_commit()},
         "python": platform.python_version(),
@@ -159,6 +163,7 @@ def environment_fingerprint(
         "cpu": cpu_info(),
         "profile": {"name": profile_name, "sha256": profile_hash(profile_path)},
         "model": model,
+        **extra,
     }
 
 

@@ -1,4 +1,5 @@
-"""Build llama.cpp's `llama-bench` and `llama-batched-bench` from the `llama-cpp-python` sdist.
+"""Build llama.cpp's `llama-bench` and `llama-batched-bench` (and, on request, `llama-server`) from the
+`llama-cpp-python` sdist.
 
 The sdist on PyPI vendors llama.cpp's sources (`vendor/llama.cpp`), so the peer benchmark needs no git
 clone and no network beyond the package index. The build lives in a cache folder outside the repository
@@ -29,6 +30,11 @@ TARGETS = ("llama-bench", "llama-batched-bench")
 """The only targets built: the full tree takes far longer on 2 cores."""
 COMPLETE = "complete.json"
 """Stamp written in a build folder once both binaries are built: (sdist version, options)."""
+SERVER_TARGET = "llama-server"
+"""Built on request (`ensure_server_built`, or `python scripts/llamacpp_build.py --server`) in the same
+folder, so the ggml and llama libraries already compiled for the bench tools are reused."""
+SERVER_COMPLETE = "server-complete.json"
+"""Stamp written once llama-server is built in a build folder."""
 
 # cpuinfo flag(s) required -> the ggml CMake option they enable. GGML_AVX512 compiles with
 # -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw, so all five must be present.
@@ -233,3 +239,69 @@ def ensure_built(
     # Written last, so an interrupted build is never taken for a finished one.
     (build_dir / COMPLETE).write_text(json.dumps({"version": found_version, **options}, indent=1))
     return Binaries(bench, batched, found_version, options, time.perf_counter() - start)
+
+
+def ensure_server_built(
+    cache: Path,
+    flags: set[str],
+    version: str | None = None,
+    jobs: int = 2,
+    log: LogFn | None = None,
+) -> Path:
+    """`llama-server` for this CPU's flags: the bench tools' build folder (made first when missing)
+    configured again with `LLAMA_BUILD_SERVER=ON` (every other option unchanged, so nothing already
+    compiled is rebuilt) and its server target built. Raises BuildError (one line)."""
+    say = log or (lambda line: print(line, file=sys.stderr))
+    binaries = ensure_built(cache, flags, version, jobs, log)
+    build_dir = binaries.bench.parent.parent
+    server = build_dir / "bin" / SERVER_TARGET
+    if (build_dir / SERVER_COMPLETE).is_file() and server.is_file():
+        return server
+    if shutil.which("cmake") is None:
+        raise BuildError("cmake not found on PATH (install cmake and a C++ compiler)")
+    sdist = find_sdist(cache, binaries.version)
+    if sdist is None:
+        raise BuildError(f"the llama-cpp-python {binaries.version} sdist is gone from {cache / 'sdist'}")
+    sources = _extract_sources(sdist, cache, binaries.version)
+    configure = ["cmake", "-S", str(sources), "-B", str(build_dir), "-DLLAMA_BUILD_SERVER=ON"]
+    build = ["cmake", "--build", str(build_dir), "--target", SERVER_TARGET, "-j", str(jobs)]
+    say(f"building {SERVER_TARGET} in {build_dir} (several minutes on 2 cores) ...")
+    log_path = build_dir / "server-build.log"
+    with log_path.open("w") as out:
+        for step, cmd in (("configure", configure), ("build", build)):
+            out.write("$ " + " ".join(cmd) + "\n")
+            out.flush()
+            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
+            if proc.returncode != 0:
+                raise BuildError(f"{SERVER_TARGET} {step} failed (exit {proc.returncode}); log: {log_path}")
+    if not server.is_file():
+        raise BuildError(f"the build produced no {SERVER_TARGET}; log: {log_path}")
+    (build_dir / SERVER_COMPLETE).write_text(
+        json.dumps({"version": binaries.version, "target": SERVER_TARGET})
+    )
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python scripts/llamacpp_build.py [--server]`: build (or find) the tools and print their paths."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server", action="store_true", help="also build llama-server")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    flags = cpuinfo_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
+    try:
+        binaries = ensure_built(default_cache_dir(), flags, jobs=args.jobs)
+        print(binaries.bench)
+        print(binaries.batched_bench)
+        if args.server:
+            print(ensure_server_built(default_cache_dir(), flags, jobs=args.jobs))
+    except BuildError as exc:
+        print(f"llamacpp_build: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -288,6 +288,35 @@ def test_existing_build_is_reused_without_cmake(monkeypatch: pytest.MonkeyPatch,
         lb.ensure_built(tmp_path, flags)
 
 
+def test_server_is_built_in_the_bench_folder_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    flags = {"avx", "avx2"}
+    (tmp_path / "sdist").mkdir()
+    (tmp_path / "sdist" / "llama_cpp_python-0.3.36.tar.gz").write_bytes(b"")
+    build_dir = tmp_path / f"build-{lb.options_key('0.3.36', lb.cmake_options(flags))}"
+    (build_dir / "bin").mkdir(parents=True)
+    for name in lb.TARGETS:
+        (build_dir / "bin" / name).write_text("")
+    (build_dir / lb.COMPLETE).write_text("{}")
+    commands: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **kwargs: object) -> object:
+        commands.append(cmd)
+        if "--build" in cmd:
+            (build_dir / "bin" / lb.SERVER_TARGET).write_text("")
+        return lb.subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(lb.subprocess, "run", fake_run)
+    monkeypatch.setattr(lb.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(lb, "_extract_sources", lambda sdist, cache, version: tmp_path / "src")
+    server = lb.ensure_server_built(tmp_path, flags, log=lambda line: None)
+    assert server == build_dir / "bin" / "llama-server"
+    configure, build = commands
+    assert "-DLLAMA_BUILD_SERVER=ON" in configure and str(build_dir) in configure
+    assert build[build.index("--target") + 1] == "llama-server"
+    # Stamped: a second call builds nothing.
+    assert lb.ensure_server_built(tmp_path, flags) == server and len(commands) == 2
+
+
 def _fig(name: str, infer: float, llama: float, kind: str, target: float, unit: str = "tok/s") -> bvl.Figure:
     return bvl.Figure(name, unit, infer, llama, kind, target, "infer x", "llama y")
 

@@ -27,7 +27,9 @@ from typing import Any, Optional
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from infer.cli.bench.dataset import DatasetError, DatasetItem, load_dataset, parse_slo
 from infer.cli.bench.stats import (
     BenchResult,
     Trace,
@@ -36,11 +38,13 @@ from infer.cli.bench.stats import (
     latency_table,
     load_baseline,
     results_table,
+    serving_table,
     to_csv,
 )
 from infer.cli.fingerprint import environment_fingerprint
 from infer.cli.options import fail, resolve_or_fail, shared_flags
 from infer.cli.runtime import STDERR, counting_progress, open_engine
+from infer.cli.server_client import API_KEY_ENV, api_key_from
 from infer.engine.runtime.engine import Engine
 from infer.engine.runtime.events import DoneEvent, TokenEvent
 from infer.engine.runtime.request import Request, RequestError
@@ -51,6 +55,8 @@ from infer.profiles.settings import Settings
 PROMPT_SEED = 1234
 """Benchmark prompts are random token ids from this seed: the same prompts on every run."""
 DEFAULT_SAMPLING_SEED = 1
+ERRORS_SHOWN = 5
+"""Failed requests listed per test (with the server's message); the rest are counted."""
 
 
 def parse_int_list(text: str | Sequence[str] | None, option: str, *, minimum: int = 0) -> list[int]:
@@ -277,9 +283,9 @@ def _emit(
     console: Console,
 ) -> None:
     console.print(results_table(records, header))
-    lat = latency_table(records)
-    if lat is not None:
-        console.print(lat)
+    for table in (latency_table(records), serving_table(records)):
+        if table is not None:
+            console.print(table)
     if fmt == "json":
         sys.stdout.write(json.dumps({**header, "results": records}, indent=2) + "\n")
     elif fmt == "jsonl":
@@ -339,10 +345,64 @@ def bench(
         "--server-model",
         help="With --server: the model name to send (default: the first of /v1/models).",
     ),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", help=f"With --server: the API key (env {API_KEY_ENV}).", show_default=False
+    ),
+    dataset: Optional[Path] = typer.Option(
+        None,
+        "--dataset",
+        help="With --server: a serving run over this JSONL file of prompts or chats "
+        "(scripts/bench_prompts.jsonl); -n is each request's length, --concurrency the limits swept.",
+    ),
+    num_prompts: Optional[int] = typer.Option(
+        None, "--num-prompts", min=1, help="With --dataset: send this many requests (cycling the file)."
+    ),
+    request_rate: float = typer.Option(
+        float("inf"),
+        "--request-rate",
+        help="With --dataset: requests/s, Poisson arrivals (inf = all at once).",
+    ),
+    burstiness: float = typer.Option(
+        1.0,
+        "--burstiness",
+        help="With --dataset: gamma shape of the arrival gaps (1 = Poisson, <1 burstier).",
+    ),
+    max_concurrency: Optional[int] = typer.Option(
+        None, "--max-concurrency", min=1, help="With --dataset: at most this many requests in flight."
+    ),
+    slo: Optional[str] = typer.Option(
+        None, "--slo", help="With --dataset: goodput counts requests within ttft=MS,tpot=MS(,e2e=MS)."
+    ),
     *,
     flags: dict[str, Any],
 ) -> None:
     """Throughput runs: prefill and decode tokens/s, TTFT, inter-token latency, concurrency sweep."""
+    serving_given = [
+        name
+        for name, given in (
+            ("--dataset", dataset is not None),
+            ("--num-prompts", num_prompts is not None),
+            ("--request-rate", request_rate != float("inf")),
+            ("--burstiness", burstiness != 1.0),
+            ("--max-concurrency", max_concurrency is not None),
+            ("--slo", slo is not None),
+        )
+        if given
+    ]
+    if server is None and (serving_given or api_key):
+        fail(f"{', '.join(serving_given or ['--api-key'])} only applies with --server")
+    if dataset is None and serving_given:
+        fail(f"{', '.join(serving_given)} needs --dataset (a serving run over a prompt file)")
+    if not request_rate > 0:
+        fail(f"--request-rate must be > 0 (inf = all at once), got {request_rate}")
+    if not burstiness > 0:
+        fail(f"--burstiness must be > 0, got {burstiness}")
+    if max_concurrency is not None and concurrency is not None:
+        fail("give --max-concurrency (one limit) or --concurrency (a sweep of limits), not both")
+    try:
+        slo_bounds = parse_slo(slo)
+    except DatasetError as exc:
+        fail(str(exc))
     formats = [
         name for name, on in (("json", json_output), ("jsonl", jsonl_output), ("csv", csv_output)) if on
     ]
@@ -361,9 +421,21 @@ def bench(
     pgs = [(pair[0], pair[1]) for pair in pgs_flat]
     depths = parse_int_list(depth, "-d/--depth") or [0]
     levels = parse_int_list(concurrency, "--concurrency", minimum=1)
-    if not n_prompts and not n_gens and not pgs and not levels:
+    if not n_prompts and not n_gens and not pgs and not levels and dataset is None:
         n_prompts, n_gens = [512], [128]
     conc_gen = n_gens[0] if n_gens else 128
+    items: list[DatasetItem] = []
+    serve_levels: list[int | None] = []
+    if dataset is not None:
+        try:
+            items = load_dataset(dataset, api=api)
+        except DatasetError as exc:
+            fail(str(exc))
+        if num_prompts is not None:
+            items = [items[i % len(items)] for i in range(num_prompts)]
+        # The serving run takes -n as each request's length and --concurrency as its limits.
+        serve_levels = list(levels) or [max_concurrency]
+        n_gens, levels = [], []
     baseline_data = None
     if baseline is not None:
         try:
@@ -378,20 +450,37 @@ def bench(
         from infer.cli.bench.server import ServerBench, ServerError
 
         header_base: dict[str, Any] = {"server": server, "api": api}
+        steps = count_steps(tests, levels, repetitions, warmup)
+        steps += len(serve_levels) * (repetitions + (1 if warmup else 0))
         try:
-            server_bench = ServerBench(server, api=api, model=server_model)
-            with _progress(count_steps(tests, levels, repetitions, warmup)) as advance:
+            server_bench = ServerBench(server, api=api, model=server_model, api_key=api_key_from(api_key))
+            with _progress(steps) as advance:
                 results = server_bench.run(
                     tests, levels, concurrency_prompt, conc_gen, repetitions, warmup, advance
                 )
+                if items:
+                    results += server_bench.serve(
+                        items,
+                        serve_levels,
+                        conc_gen,
+                        request_rate,
+                        burstiness,
+                        slo_bounds,
+                        repetitions,
+                        warmup,
+                        advance,
+                    )
         except ServerError as exc:
-            fail(str(exc))
+            fail(f"could not measure: {exc}")
+        identity = server_bench.identity.to_json()
         header = {
             **header_base,
             "model": server_bench.model,
             "backend": "server",
             "threads": "-",
-            "fingerprint": environment_fingerprint(backend="server", device=server),
+            "fingerprint": environment_fingerprint(
+                backend="server", device=server, model=server_bench.model, server=identity
+            ),
         }
     else:
         max_ctx = max([d + max([*n_prompts, *n_gens, 1]) for d in depths] + [p + n for p, n in pgs] + [1])
@@ -433,6 +522,12 @@ def bench(
     _emit(records, header, fmt, console)
     if errors:
         console.print(f"[red]{errors} request(s) failed during the run[/]")
+        for result in results:
+            failed = [t.error for t in result.traces if t.error is not None]
+            for message in failed[:ERRORS_SHOWN]:
+                console.print(f"  {escape(result.test)}: {escape(message)}")
+            if len(failed) > ERRORS_SHOWN:
+                console.print(f"  {escape(result.test)}: ... and {len(failed) - ERRORS_SHOWN} more")
     regressed = False
     if baseline_data is not None:
         comparisons, missing = compare_to_baseline(records, baseline_data, tolerance)
@@ -442,6 +537,8 @@ def bench(
         regressed = any(c.regressed for c in comparisons)
         if regressed:
             console.print(f"[red]regression beyond {tolerance:.0%} against {baseline}[/]")
+    if errors and server is not None and not regressed:
+        raise SystemExit(2)  # remote failures: could not measure, not a regression
     raise SystemExit(1 if regressed or errors else 0)
 
 

@@ -1,11 +1,17 @@
-"""`infer bench --server URL`: the same tests against any OpenAI-compatible streaming endpoint.
+"""`infer bench --server URL`: the same tests against any OpenAI-compatible streaming endpoint, and
+serving runs over a prompt dataset (`--dataset`) with Poisson arrivals, as `vllm bench serve` does.
 
 Tokens are counted from the stream: every chunk that carries new text (chat `delta.content`, or
-completions `text`) counts as one token, which is what llama-server and `infer serve` send. TTFT is the
-time to the first such chunk. Prompts of about P tokens are built from a repeated common word (" the"
-is one token in every mainstream BPE vocabulary); when the server reports `usage.prompt_tokens` (asked
-for with `stream_options.include_usage`) that count is used for prefill figures instead. Decode tests
-send `ignore_eos: true` (llama-server's and infer's extension) so the server generates all N tokens.
+completions `text`) counts as one token, which is what llama-server and `infer serve` send; when the
+server reports `usage.completion_tokens` (asked for with `stream_options.include_usage`) that count is
+the request's output tokens (vLLM may put several tokens in a chunk). TTFT is the time to the first
+such chunk. Prompts of about P tokens are built from a repeated common word (" the" is one token in
+every mainstream BPE vocabulary); when the server reports `usage.prompt_tokens` that count is used for
+prefill figures instead. Requests send `ignore_eos: true` (llama-server's, vLLM's and infer's
+extension) so the server generates all N tokens.
+
+A failed request (refused, an HTTP error with the server's message, a timeout, a stream cut before
+`[DONE]`) is recorded on its trace with the server's words; the run goes on.
 """
 
 from __future__ import annotations
@@ -13,18 +19,26 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 
-from infer.cli.bench.stats import BenchResult, Trace
+from infer.cli.bench.dataset import DatasetItem, arrival_offsets
+from infer.cli.bench.stats import BenchResult, Trace, serving_figures
+from infer.cli.server_client import (
+    RemoteError,
+    ServerIdentity,
+    auth_headers,
+    base_url,
+    discover,
+    server_message,
+    transport_message,
+)
 
 TIMEOUT_S = 600.0
-
-
-class ServerError(Exception):
-    """The server could not be reached or answered with an error (one line)."""
+ServerError = RemoteError
+"""The server could not be reached or answered with an error (one line); the old name."""
 
 
 def _prompt_text(n_tokens: int) -> str:
@@ -34,24 +48,26 @@ def _prompt_text(n_tokens: int) -> str:
 class ServerBench:
     """Runs bench tests over HTTP with streaming."""
 
-    def __init__(self, base_url: str, *, api: str = "chat", model: str | None = None) -> None:
-        self.base = base_url.rstrip("/")
-        if not self.base.endswith("/v1"):
-            self.base += "/v1"
+    def __init__(
+        self,
+        url: str,
+        *,
+        api: str = "chat",
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout: float = TIMEOUT_S,
+    ) -> None:
+        self.base = base_url(url)
         self.api = api
-        self.model = model or self._discover_model()
+        self.timeout = timeout
+        self.headers = auth_headers(api_key)
+        with httpx.Client(timeout=min(timeout, 30.0), headers=self.headers) as client:
+            self.identity: ServerIdentity = discover(client, self.base, model)
+        self.model = self.identity.model
 
-    def _discover_model(self) -> str:
-        try:
-            response = httpx.get(f"{self.base}/models", timeout=30)
-            response.raise_for_status()
-            models = response.json().get("data") or []
-        except (httpx.HTTPError, ValueError) as exc:
-            raise ServerError(f"--server {self.base}: cannot list models ({exc})") from None
-        return str(models[0]["id"]) if models else "default"
-
-    def _body(self, n_prompt: int, max_tokens: int) -> tuple[str, dict[str, Any]]:
-        text = _prompt_text(n_prompt)
+    def _body(
+        self, n_prompt: int, max_tokens: int, item: DatasetItem | None = None
+    ) -> tuple[str, dict[str, Any]]:
         common: dict[str, Any] = {
             "model": self.model,
             "max_tokens": max_tokens,
@@ -61,32 +77,46 @@ class ServerBench:
             "ignore_eos": True,
         }
         if self.api == "chat":
-            return "/chat/completions", {**common, "messages": [{"role": "user", "content": text}]}
-        return "/completions", {**common, "prompt": text}
+            messages = (
+                item.as_messages()
+                if item is not None
+                else [{"role": "user", "content": _prompt_text(n_prompt)}]
+            )
+            return "/chat/completions", {**common, "messages": messages}
+        prompt = item.prompt if item is not None else _prompt_text(n_prompt)
+        return "/completions", {**common, "prompt": prompt}
 
-    async def _one(self, client: httpx.AsyncClient, n_prompt: int, max_tokens: int) -> Trace:
-        path, body = self._body(n_prompt, max_tokens)
+    async def _one(
+        self, client: httpx.AsyncClient, n_prompt: int, max_tokens: int, item: DatasetItem | None = None
+    ) -> Trace:
+        """One streamed request; any failure is recorded on the trace with the server's message."""
+        path, body = self._body(n_prompt, max_tokens, item)
         trace = Trace(time.perf_counter(), prompt_tokens=n_prompt)
+        finished = False
         try:
             async with client.stream("POST", self.base + path, json=body) as response:
                 if response.status_code != 200:
-                    detail = (await response.aread()).decode(errors="replace")[:300]
-                    raise ServerError(
-                        f"{self.base}{path}: HTTP {response.status_code}: {' '.join(detail.split())}"
+                    trace.error = (
+                        f"POST {path}: {server_message(response.status_code, await response.aread())}"
                     )
+                    trace.done = time.perf_counter()
+                    return trace
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        finished = True
                         break
                     chunk = json.loads(data)
                     if chunk.get("error"):
-                        trace.error = str(chunk["error"])
+                        trace.error = f"POST {path}: {server_message(200, data)}"
                         break
                     usage = chunk.get("usage") or {}
                     if usage.get("prompt_tokens"):
                         trace.prompt_tokens = int(usage["prompt_tokens"])
+                    if isinstance(usage.get("completion_tokens"), int):
+                        trace.reported_tokens = int(usage["completion_tokens"])
                     for choice in chunk.get("choices") or []:
                         piece = (
                             (choice.get("delta") or {}).get("content")
@@ -96,16 +126,100 @@ class ServerBench:
                         if piece:
                             trace.token_times.append(time.perf_counter())
         except httpx.HTTPError as exc:
-            raise ServerError(f"{self.base}{path}: {type(exc).__name__}: {exc}") from None
+            trace.error = f"POST {path}: {transport_message(exc, self.timeout)} after {trace.tokens} token(s)"
+        except ValueError:
+            trace.error = f"POST {path}: a stream chunk is not JSON after {trace.tokens} token(s)"
+        if trace.error is None and not finished:
+            trace.error = f"POST {path}: the stream ended without [DONE] after {trace.tokens} token(s)"
         trace.done = time.perf_counter()
         return trace
 
+    def _client(self, connections: int) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=connections + 2)
+        return httpx.AsyncClient(timeout=self.timeout, limits=limits, headers=self.headers)
+
     async def _many(self, concurrency: int, n_prompt: int, max_tokens: int) -> list[Trace]:
-        limits = httpx.Limits(max_connections=concurrency + 2)
-        async with httpx.AsyncClient(timeout=TIMEOUT_S, limits=limits) as client:
+        async with self._client(concurrency) as client:
             return list(
                 await asyncio.gather(*(self._one(client, n_prompt, max_tokens) for _ in range(concurrency)))
             )
+
+    async def _serve(
+        self,
+        items: Sequence[DatasetItem],
+        max_tokens: int,
+        rate: float,
+        burstiness: float,
+        max_concurrency: int | None,
+    ) -> tuple[float, list[Trace]]:
+        """Send every item at its arrival time, at most `max_concurrency` in flight; (duration, traces)."""
+        offsets = arrival_offsets(len(items), rate, burstiness)
+        gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        async with self._client(max_concurrency or len(items)) as client:
+            start = time.perf_counter()
+
+            async def one(item: DatasetItem, offset: float) -> Trace:
+                await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+                limit = item.max_tokens or max_tokens
+                if gate is None:
+                    return await self._one(client, 0, limit, item)
+                async with gate:
+                    return await self._one(client, 0, limit, item)
+
+            traces = list(await asyncio.gather(*(one(i, o) for i, o in zip(items, offsets, strict=True))))
+        return time.perf_counter() - start, traces
+
+    def serve(
+        self,
+        items: Sequence[DatasetItem],
+        levels: Sequence[int | None],
+        max_tokens: int,
+        rate: float,
+        burstiness: float,
+        slo: dict[str, float],
+        repetitions: int,
+        warmup: bool,
+        advance: Callable[[str], None],
+    ) -> list[BenchResult]:
+        """Serving runs over the dataset, `repetitions` per concurrency limit in `levels` (None:
+        unlimited); the figures pool every repetition's requests over their summed durations."""
+        results: list[BenchResult] = []
+        rate_name = "inf" if rate == float("inf") else f"{rate:g}"
+        for level in levels:
+            name = f"serve r{rate_name}" + (f" c{level}" if level else "")
+            if warmup:
+                advance(f"{name} (warm-up)")
+                asyncio.run(self._serve(items[: max(level or 1, 1)], 2, float("inf"), 1.0, level))
+            samples: list[float] = []
+            traces: list[Trace] = []
+            duration = 0.0
+            for rep in range(repetitions):
+                advance(f"{name} ({rep + 1}/{repetitions})")
+                seconds, got = asyncio.run(self._serve(items, max_tokens, rate, burstiness, level))
+                samples.append(serving_figures(got, seconds, {})["output_throughput"])
+                traces += got
+                duration += seconds
+            figures = serving_figures(traces, duration, slo)
+            results.append(
+                BenchResult(
+                    name,
+                    "serve",
+                    n_prompt=0,
+                    n_gen=max_tokens,
+                    depth=0,
+                    concurrency=level or len(items),
+                    samples=samples,
+                    traces=traces,
+                    extra={
+                        "request_rate": rate_name,
+                        "burstiness": burstiness,
+                        "max_concurrency": level,
+                        "num_prompts": len(items),
+                        **figures,
+                    },
+                )
+            )
+        return results
 
     def _run_one(self, kind: str, shape: dict[str, int], concurrency: int) -> tuple[float, list[Trace]]:
         p, n, depth = shape["n_prompt"], shape["n_gen"], shape["depth"]

@@ -27,11 +27,26 @@ class Trace:
     done: float = 0.0
     prompt_tokens: int = 0
     error: str | None = None
+    reported_tokens: int | None = None
+    """Completion tokens the server reported in `usage` (a chunk may carry several tokens)."""
 
     @property
     def tokens(self) -> int:
         """Tokens received."""
         return len(self.token_times)
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens generated: the server's count when it gave one, else the tokens received."""
+        return self.reported_tokens if self.reported_tokens is not None else self.tokens
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (e2e - TTFT) / (tokens - 1)."""
+        ttft = self.ttft
+        if ttft is None or self.output_tokens < 2:
+            return None
+        return (self.e2e - ttft) / (self.output_tokens - 1)
 
     @property
     def ttft(self) -> float | None:
@@ -89,6 +104,8 @@ class BenchResult:
     samples: list[float]
     """tokens/s of each repetition (aggregate over all requests for concurrency runs)."""
     traces: list[Trace] = field(default_factory=list, repr=False)
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Figures only some tests have (a serving run's rate, goodput ...), added to the JSON record."""
 
     @property
     def tps_mean(self) -> float:
@@ -127,10 +144,42 @@ class BenchResult:
             "tps_stddev": round(self.tps_stddev, 3),
             "samples_tps": [round(s, 3) for s in self.samples],
             "requests": len(self.traces),
-            "tokens": sum(t.tokens for t in self.traces),
+            "tokens": sum(t.output_tokens for t in self.traces),
             "errors": sum(1 for t in self.traces if t.error is not None),
             **self.latency(),
+            **self.extra,
         }
+
+
+def serving_figures(traces: Sequence[Trace], duration: float, slo: Mapping[str, float]) -> dict[str, Any]:
+    """`vllm bench serve`'s figures for one serving run: request and output throughput, TPOT, and
+    goodput (requests/s that met every `slo` bound, in ms: ttft, tpot, e2e; failed requests never do)."""
+    good = [t for t in traces if t.error is None]
+    out_tokens = sum(t.output_tokens for t in good)
+
+    def meets(trace: Trace) -> bool:
+        figures = {"ttft": trace.ttft, "tpot": trace.tpot, "e2e": trace.e2e}
+        return all(
+            figures[key] is not None and figures[key] * 1000.0 <= bound  # type: ignore[operator]
+            for key, bound in slo.items()
+        )
+
+    within = [t for t in good if meets(t)] if slo else []
+    figures: dict[str, Any] = {
+        "duration_s": round(duration, 3),
+        "completed": len(good),
+        "request_throughput": round(len(good) / duration, 4) if duration > 0 else 0.0,
+        "output_throughput": round(out_tokens / duration, 3) if duration > 0 else 0.0,
+        "tpot_ms": summarize_ms(v for t in good if (v := t.tpot) is not None),
+    }
+    if slo:
+        figures["goodput"] = {
+            "slo_ms": dict(slo),
+            "good_requests": len(within),
+            "fraction": round(len(within) / len(traces), 4) if traces else 0.0,
+            "requests_per_s": round(len(within) / duration, 4) if duration > 0 else 0.0,
+        }
+    return figures
 
 
 def result_key(record: Mapping[str, Any]) -> str:
@@ -213,7 +262,7 @@ def results_table(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any
 def latency_table(records: Sequence[Mapping[str, Any]]) -> Table | None:
     """TTFT / ITL / e2e (mean, p50, p90, p99 in ms) for the concurrency runs, one row per metric; None
     when there are no concurrency runs."""
-    rows = [r for r in records if r["kind"] == "conc"]
+    rows = [r for r in records if r["kind"] in ("conc", "serve")]
     if not rows:
         return None
     table = Table(title="concurrency: latency in ms", title_justify="left")
@@ -231,6 +280,32 @@ def latency_table(records: Sequence[Mapping[str, Any]]) -> Table | None:
                 *(f"{summary[k]:.1f}" if k in summary else "-" for k in ("mean", "p50", "p90", "p99")),
                 end_section=index == 2,
             )
+    return table
+
+
+def serving_table(records: Sequence[Mapping[str, Any]]) -> Table | None:
+    """The serving runs' request rate, throughput, TPOT and goodput; None when there are none."""
+    rows = [r for r in records if r["kind"] == "serve"]
+    if not rows:
+        return None
+    table = Table(title="serving runs", title_justify="left")
+    columns = ("test", "rate", "max conc", "done", "errors", "req/s", "out t/s", "TPOT p50", "goodput")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "test" else "right")
+    for r in rows:
+        goodput = r.get("goodput")
+        tpot = (r.get("tpot_ms") or {}).get("p50")
+        table.add_row(
+            escape(r["test"]),
+            str(r.get("request_rate")),
+            str(r.get("max_concurrency") or "-"),
+            str(r.get("completed")),
+            str(r["errors"]),
+            f"{r.get('request_throughput', 0):.3f}",
+            f"{r.get('output_throughput', 0):.2f}",
+            f"{tpot:.1f}" if tpot is not None else "-",
+            f"{goodput['requests_per_s']:.3f} req/s ({goodput['fraction']:.0%})" if goodput else "-",
+        )
     return table
 
 
@@ -310,6 +385,8 @@ __all__ = [
     "load_baseline",
     "percentile",
     "results_table",
+    "serving_figures",
+    "serving_table",
     "summarize_ms",
     "to_csv",
 ]

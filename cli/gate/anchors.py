@@ -91,6 +91,12 @@ class Expectation(_Strict):
     top2_gaps: list[float | None] | None = Field(
         None, description="per step: log p(top1) - log p(top2) under the raw distribution (--keep-tokens)"
     )
+    text_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the completion text in UTF-8 (written by --bless --server; compared when "
+        "a server returns only text)",
+    )
 
     @model_validator(mode="after")
     def _gaps_match_ids(self) -> Expectation:
@@ -442,13 +448,17 @@ def _plain(node: Any) -> Any:
 class Blessing:
     """Fresh expectations for one anchor."""
 
-    sha256: str
-    tokens: int
+    sha256: str | None
+    """None when only text came back from a server: the token fields are then left as they are."""
+    tokens: int | None
     finish_reason: str
     prompt_tokens: int
-    counters: Mapping[str, int]
+    counters: Mapping[str, int] | None
+    """None leaves stored counters as they are (a server reports none)."""
     token_ids: Sequence[int]
     top2_gaps: Sequence[float | None]
+    text_sha256: str | None = None
+    """Written when given (`--bless --server`), or refreshed when the anchor already stores one."""
 
 
 def _flow(items: Sequence[Any]) -> CommentedSeq:
@@ -491,17 +501,21 @@ def bless_document(
             "finish_reason": fresh.finish_reason,
             "prompt_tokens": fresh.prompt_tokens,
         }
+        if fresh.sha256 is None:  # text only (a server without ids): keep the token fields
+            values = {"finish_reason": fresh.finish_reason, "prompt_tokens": fresh.prompt_tokens}
+        if fresh.text_sha256 is not None:
+            values["text_sha256"] = fresh.text_sha256
         for key, value in values.items():
             if before.get(key) != value:
                 changes.append(
                     f"{key} {_short(before.get(key)) if key in before else '(none)'} -> {_short(value)}"
                 )
             old[key] = value
-        if fresh.counters or "counters" in old:
+        if fresh.counters is not None and (fresh.counters or "counters" in old):
             if before.get("counters", {}) != dict(fresh.counters):
                 changes.append(f"counters {before.get('counters', {})} -> {dict(fresh.counters)}")
             old["counters"] = CommentedMap(fresh.counters)
-        if keep_tokens or "token_ids" in old:
+        if fresh.sha256 is not None and (keep_tokens or "token_ids" in old):
             ids = [int(t) for t in fresh.token_ids]
             gaps = [None if g is None else round(float(g), GAP_DECIMALS) for g in fresh.top2_gaps]
             if before.get("token_ids") != ids:

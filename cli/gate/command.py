@@ -19,9 +19,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
+import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -30,6 +33,7 @@ from threadpoolctl import threadpool_limits
 
 from infer.cli.fingerprint import environment_fingerprint, fingerprint_diff
 from infer.cli.gate.anchors import (
+    Blessing,
     GateFileError,
     LoadedAnchors,
     ResolvedAnchor,
@@ -38,11 +42,25 @@ from infer.cli.gate.anchors import (
     write_document,
 )
 from infer.cli.gate.check import AnchorResult, AnchorRun, judge, relative_gap, run_anchor, write_junit
+from infer.cli.gate.remote import IDS_TEXT_ONLY, RemoteRun, judge_remote, run_remote_anchor
 from infer.cli.options import fail, shared_flags
-from infer.cli.runtime import STDERR, counting_progress, open_engine
+from infer.cli.runtime import STDERR, counting_progress, open_engine, resolve_model_path
+from infer.cli.server_client import (
+    API_KEY_ENV,
+    DEFAULT_TIMEOUT_S,
+    SERVER_ENV,
+    RemoteError,
+    api_key_from,
+    auth_headers,
+    base_url,
+    discover,
+)
 from infer.engine.grammar import audit_tokens
+from infer.engine.loader import ModelLoadError, load_checkpoint
 from infer.engine.runtime.engine import Engine
 from infer.engine.sampling import SamplingParamsError
+from infer.engine.text.prompts import prompt_ids
+from infer.engine.text.tokenizer import Tokenizer
 from infer.profiles.backend_choice import choose_backend
 from infer.profiles.constraints import grammar_from_settings
 from infer.profiles.loader import ProfileError
@@ -131,23 +149,33 @@ def _status_cell(result: AnchorResult, allow_ties: bool) -> str:
     }[result.status]
 
 
-def _table(results: list[AnchorResult], allow_ties: bool) -> Table:
+def _table(results: list[AnchorResult], allow_ties: bool, ids_methods: dict[str, str] | None = None) -> Table:
     table = Table(title="infer gate", title_justify="left")
-    for column in ("anchor", "expected", "got", "tokens", "time", "status"):
+    columns = ["anchor", "expected", "got", "tokens", "time", "status"]
+    if ids_methods is not None:
+        columns.insert(4, "ids from")
+    for column in columns:
         table.add_column(column, justify="right" if column in ("tokens", "time") else "left")
     for result in results:
         expected_tokens = result.expected.get("tokens")
         tokens = str(result.got["tokens"])
         if expected_tokens is not None and expected_tokens != result.got["tokens"]:
             tokens = f"{expected_tokens} -> {tokens}"
-        table.add_row(
+        row = [
             escape(result.name),
             _short(result.expected.get("sha256", "-")),
             _short(result.got["sha256"]),
             tokens,
             f"{result.seconds:.2f}s",
             _status_cell(result, allow_ties),
-        )
+        ]
+        if ids_methods is not None:
+            method = ids_methods.get(result.name, "-")
+            if method == IDS_TEXT_ONLY:  # the hashes shown are the text's
+                row[1] = _short(result.expected.get("text_sha256", "-"))
+                row[2] = _short(result.got.get("text_sha256", "-"))
+            row.insert(4, method)
+        table.add_row(*row)
     return table
 
 
@@ -237,12 +265,36 @@ def gate(
         help="Replay every token of constrained anchors through a fresh matcher; fail on any token "
         "the grammar did not allow.",
     ),
+    server: Optional[str] = typer.Option(
+        None,
+        "--server",
+        envvar=SERVER_ENV,
+        help="Run the anchors on this OpenAI-compatible server (base URL) instead of a local engine; "
+        "--model then names the served model (default: the first of /v1/models).",
+    ),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", help=f"With --server: the API key (env {API_KEY_ENV}).", show_default=False
+    ),
+    tokenizer: Optional[str] = typer.Option(
+        None,
+        "--tokenizer",
+        help="With --server: the model file whose tokenizer makes raw prompts into ids and retokenizes "
+        "text when the server returns no ids; 'none' for no local tokenizer. Default: the anchors' model.",
+    ),
+    timeout: float = typer.Option(
+        DEFAULT_TIMEOUT_S, "--timeout", help="With --server: seconds to wait for each answer."
+    ),
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Run the anchors in a file and check their token hashes: exit 0 all match, 1 drift, 2 bad file."""
+    """Run the anchors in a file and check their token hashes: exit 0 all match, 1 drift, 2 bad file
+    (or, with --server, an anchor that could not be checked)."""
     if not 0.0 < tie_margin < 1.0:
         fail(f"--tie-margin must be in (0, 1), got {tie_margin}")
+    if server is None:
+        given = [name for name, value in (("--api-key", api_key), ("--tokenizer", tokenizer)) if value]
+        if given or timeout != DEFAULT_TIMEOUT_S:
+            fail(f"{', '.join(given or ['--timeout'])} only applies with --server")
     pinned = sorted(SETTINGS[name].flag for name in flags if SETTINGS[name].section == "sampler")
     if pinned or "n_predict" in flags:
         given = ", ".join(pinned + (["--n-predict"] if "n_predict" in flags else []))
@@ -257,6 +309,35 @@ def gate(
     selected = loaded.select(filters or [])
     if not selected:
         fail(f"no anchor in {anchors_file} matches --filter {' '.join(filters or [])}")
+    if server is not None:
+        model_name = flags.pop("model", None)
+        if flags or deterministic or audit:
+            names = sorted(SETTINGS[name].flag for name in flags) + (
+                ["--deterministic"] if deterministic else []
+            )
+            names += ["--audit"] if audit else []
+            fail(f"{', '.join(names)}: no effect on a remote server, so not accepted with --server")
+        if timeout <= 0:
+            fail(f"--timeout must be > 0, got {timeout}")
+        options = ServerGateOptions(
+            url=server,
+            model=model_name,
+            api_key=api_key_from(api_key),
+            tokenizer=tokenizer,
+            timeout=timeout,
+        )
+        _gate_server(
+            loaded,
+            selected,
+            options,
+            bless=bless,
+            keep_tokens=keep_tokens,
+            tie_margin=tie_margin,
+            allow_ties=allow_ties,
+            junit=junit,
+            json_output=json_output,
+        )
+        return
     settings_by_anchor = {anchor.index: anchor_settings(loaded, anchor, flags) for anchor in selected}
 
     console = STDERR if json_output else Console()
@@ -290,12 +371,57 @@ def gate(
     current = _fingerprint(settings_by_anchor[selected[0].index])
 
     if bless:
-        _bless(loaded, runs, results, keep_tokens=keep_tokens, fingerprint=current, console=console)
+        good = {
+            index: run.blessing()
+            for index, run in runs.items()
+            if run.error is None and run.finish_reason != "error"
+        }
+        _bless(loaded, good, results, keep_tokens=keep_tokens, fingerprint=current, console=console)
         return
-
-    ok = all(r.status == "pass" or (allow_ties and r.status == "tie") for r in results)
-    console.print(_table(results, allow_ties))
     decoder = next(iter(engines.values())).tokenizer.decode
+    _report(
+        loaded,
+        results,
+        _Outcome(total_seconds, current, decoder),
+        tie_margin=tie_margin,
+        allow_ties=allow_ties,
+        junit=junit,
+        json_output=json_output,
+        console=console,
+    )
+
+
+@dataclass
+class _Outcome:
+    """What the reporting needs besides the results: total time, the fingerprint, a decoder, and for
+    --server runs how each anchor's ids were obtained and who answered."""
+
+    seconds: float
+    fingerprint: dict[str, Any]
+    decode: Callable[[list[int]], str]
+    ids_methods: dict[str, str] | None = None
+    server: dict[str, Any] | None = None
+
+
+def _report(
+    loaded: LoadedAnchors,
+    results: list[AnchorResult],
+    outcome: _Outcome,
+    *,
+    tie_margin: float,
+    allow_ties: bool,
+    junit: Path | None,
+    json_output: bool,
+    console: Console,
+) -> None:
+    """The table, the problems, the summary, JUnit and JSON; exits 0 / 1 drift / 2 could not check
+    (--server only: a local generation error stays a failure, 1)."""
+    total_seconds, current, decoder = outcome.seconds, outcome.fingerprint, outcome.decode
+    remote = outcome.server is not None
+    drift = [r for r in results if not (r.status == "pass" or (allow_ties and r.status == "tie"))]
+    unchecked = [r for r in drift if r.status == "error"] if remote else []
+    ok = not drift
+    console.print(_table(results, allow_ties, outcome.ids_methods))
     for result in results:
         if result.status != "pass":
             _report_problem(console, result, tie_margin, decoder)
@@ -307,6 +433,8 @@ def gate(
     summary = f"{passed}/{len(results)} anchors match"
     if ties:
         summary += f", {ties} near-tie divergence(s)" + (" allowed" if allow_ties else "")
+    if unchecked:
+        summary += f", {len(unchecked)} could not be checked"
     console.print(("[green]" if ok else "[red]") + summary + f"[/] in {total_seconds:.1f}s")
     if junit is not None:
         write_junit(junit, results, suite=loaded.path.stem, allow_ties=allow_ties, seconds=total_seconds)
@@ -321,27 +449,29 @@ def gate(
             "fingerprint_diff": env_diff,
             "anchors": [r.to_json() for r in results],
         }
+        if remote:
+            payload["server"] = outcome.server
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         sys.stdout.flush()
-    raise SystemExit(0 if ok else 1)
+    if ok:
+        raise SystemExit(0)
+    # Drift is 1; a run where the only problems are anchors the server could not answer is 2.
+    raise SystemExit(2 if len(unchecked) == len(drift) else 1)
 
 
 def _bless(
     loaded: LoadedAnchors,
-    runs: dict[int, AnchorRun],
+    good: dict[int, Blessing],
     results: list[AnchorResult],
     *,
     keep_tokens: bool,
     fingerprint: dict[str, Any],
     console: Console,
+    error_code: int = 1,
 ) -> None:
-    """Write fresh expectations for every anchor that generated cleanly; exit 1 if any failed."""
+    """Write fresh expectations for every anchor that generated cleanly (`good`); exit `error_code`
+    (1 locally, 2 for --server: could not bless) if any failed."""
     failed = [r for r in results if r.status == "error"]
-    good = {
-        index: run.blessing()
-        for index, run in runs.items()
-        if run.error is None and run.finish_reason != "error"
-    }
     report = bless_document(loaded, good, keep_tokens=keep_tokens, fingerprint=fingerprint)
     write_document(loaded.path, loaded.document)
     changed = 0
@@ -354,7 +484,135 @@ def _bless(
     for result in failed:
         console.print(f"[red]{escape(result.name)}: not blessed[/]: {escape('; '.join(result.problems))}")
     console.print(f"blessed {len(good)} anchor(s) in {loaded.path} ({changed} changed)")
-    raise SystemExit(1 if failed else 0)
+    raise SystemExit(error_code if failed else 0)
 
 
-__all__ = ["gate"]
+@dataclass(frozen=True)
+class ServerGateOptions:
+    """Where and how `infer gate --server` talks to the server."""
+
+    url: str
+    model: str | None
+    """The served model's name (`--model`); None = the first of /v1/models."""
+    api_key: str | None
+    tokenizer: str | None
+    """`--tokenizer`: a model path, 'none', or None for the anchors' own model."""
+    timeout: float
+
+
+def _local_tokenizer(option: str | None, anchors: list[ResolvedAnchor]) -> Tokenizer | None:
+    """The tokenizer that makes raw prompts into ids and retokenizes text: `--tokenizer PATH`, none
+    with `--tokenizer none`, else the anchors' model (the file's `model:`; the default model when null).
+    A model that cannot be loaded is one line on stderr and exit 2."""
+    if option is not None and option.lower() == "none":
+        return None
+    models = {anchor.model for anchor in anchors}
+    if option is None and len(models) > 1:
+        fail("the anchors name several models: give the served model's tokenizer with --tokenizer PATH")
+    source = option if option is not None else next(iter(models))
+    path = resolve_model_path(source)
+    try:
+        return load_checkpoint(path).tokenizer
+    except ModelLoadError as exc:
+        fail(f"--tokenizer: {exc} (give another with --tokenizer PATH, or --tokenizer none)")
+
+
+def _remote_prompt_ids(tokenizer: Tokenizer | None, anchor: ResolvedAnchor) -> list[int] | None:
+    """A raw anchor's prompt as ids by the local tokenizer (None: chat anchors, or no tokenizer)."""
+    spec = anchor.anchor
+    if tokenizer is None or spec.messages is not None or spec.chat:
+        return None
+    return prompt_ids(tokenizer, prompt=spec.prompt, parse_special=spec.parse_special)
+
+
+def _gate_server(
+    loaded: LoadedAnchors,
+    selected: list[ResolvedAnchor],
+    options: ServerGateOptions,
+    *,
+    bless: bool,
+    keep_tokens: bool,
+    tie_margin: float,
+    allow_ties: bool,
+    junit: Path | None,
+    json_output: bool,
+) -> None:
+    """`infer gate --server`: each anchor through the server's completions routes, judged like a local
+    run; remote failures are reported per anchor and exit 2 (could not check), never 1."""
+    console = STDERR if json_output else Console()
+    tokenizer = _local_tokenizer(options.tokenizer, selected)
+    try:
+        base = base_url(options.url)
+    except RemoteError as exc:
+        fail(str(exc))
+    headers = auth_headers(options.api_key)
+    started = time.perf_counter()
+    remote_runs: dict[int, RemoteRun] = {}
+    with httpx.Client(timeout=options.timeout, headers=headers) as client:
+        try:
+            identity = discover(client, base, options.model)
+        except RemoteError as exc:
+            fail(f"could not check: {exc}")
+        progress = counting_progress()
+        with progress:
+            task = progress.add_task("anchors", total=len(selected))
+            for anchor in selected:
+                progress.update(task, description=f"anchor {anchor.name} on {base}")
+                remote_runs[anchor.index] = run_remote_anchor(
+                    client, base, anchor, identity.model, tokenizer, _remote_prompt_ids(tokenizer, anchor)
+                )
+                progress.advance(task)
+    found = next((r.system_fingerprint for r in remote_runs.values() if r.system_fingerprint), None)
+    identity = replace(identity, system_fingerprint=found)
+    decode: Callable[[list[int]], str] = (
+        tokenizer.decode if tokenizer is not None else lambda ids: ",".join(map(str, ids))
+    )
+    results = [
+        judge_remote(anchor, remote_runs[anchor.index], tie_margin=tie_margin, decode=decode)
+        for anchor in selected
+    ]
+    fingerprint = environment_fingerprint(
+        backend="server", device=identity.url, model=identity.model, server=identity.to_json()
+    )
+    if bless:
+        good = {
+            index: remote.blessing()
+            for index, remote in remote_runs.items()
+            if remote.run.error is None and remote.run.finish_reason != "error"
+        }
+        failed = [
+            result
+            for anchor, result in zip(selected, results, strict=True)
+            if remote_runs[anchor.index].run.error is not None
+        ]
+        for result in failed:
+            result.problems = [p.removeprefix("could not check: ") for p in result.problems[:1]]
+        _bless(
+            loaded,
+            good,
+            failed,
+            keep_tokens=keep_tokens,
+            fingerprint=fingerprint,
+            console=console,
+            error_code=2,
+        )
+        return
+    _report(
+        loaded,
+        results,
+        _Outcome(
+            time.perf_counter() - started,
+            fingerprint,
+            decode,
+            ids_methods={a.name: remote_runs[a.index].ids_method for a in selected},
+            server=identity.to_json(),
+        ),
+        tie_margin=tie_margin,
+        allow_ties=allow_ties,
+        junit=junit,
+        json_output=json_output,
+        console=console,
+    )
+
+
+__all__ = ["ServerGateOptions", "gate"]

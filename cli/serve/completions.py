@@ -87,14 +87,16 @@ def usage_of(results_done: Sequence[DoneEvent], prompt_lengths: Sequence[int]) -
 class LogprobFormatter:
     """Token log-probabilities in the chat (`content: [...]`) and legacy completions shapes."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.as_ids = as_ids
+        """vLLM's `return_tokens_as_token_ids`: tokens are written `"token_id:N"`."""
 
     def token(self, token_id: int, logprob: float) -> dict[str, Any]:
         """`{"token", "logprob", "bytes"}`; -inf is null."""
         data = self.tokenizer.token_bytes(token_id)
         return {
-            "token": data.decode("utf-8", errors="replace"),
+            "token": f"token_id:{token_id}" if self.as_ids else data.decode("utf-8", errors="replace"),
             "logprob": finite_or_none(logprob),
             "bytes": list(data),
         }
@@ -154,10 +156,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         "system_fingerprint": FINGERPRINT,
         "seed": seed,
     }
-    formatter = LogprobFormatter(ctx.engine.tokenizer) if body.logprobs else None
+    formatter = (
+        LogprobFormatter(ctx.engine.tokenizer, body.return_tokens_as_token_ids) if body.logprobs else None
+    )
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = _chat_chunks(ctx, streams, head, formatter, len(ids), include_usage)
+        chunks = _chat_chunks(ctx, streams, head, formatter, len(ids), include_usage, body.return_token_ids)
         return SSEResponse(chunks, on_close=lambda: ctx.bridge.release(streams))
 
     results = await run_whole(ctx, request, streams)
@@ -167,17 +171,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         logprobs = None
         if formatter is not None:
             logprobs = {"content": [formatter.chat(t) for t in result.tokens], "refusal": None}
-        choices.append(
-            {
-                "index": index,
-                "message": {"role": "assistant", "content": result.done.text, "refusal": None},
-                "logprobs": logprobs,
-                "finish_reason": result.done.finish_reason,
-            }
-        )
+        choice = {
+            "index": index,
+            "message": {"role": "assistant", "content": result.done.text, "refusal": None},
+            "logprobs": logprobs,
+            "finish_reason": result.done.finish_reason,
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = list(result.done.token_ids)
+        choices.append(choice)
     dones = [r.done for r in results if r.done is not None]
+    extra = {"prompt_token_ids": list(ids)} if body.return_token_ids else {}
     return JSONResponse(
-        {**head, "object": "chat.completion", "choices": choices, "usage": usage_of(dones, [len(ids)])}
+        {
+            **head,
+            "object": "chat.completion",
+            "choices": choices,
+            "usage": usage_of(dones, [len(ids)]),
+            **extra,
+        }
     )
 
 
@@ -188,9 +200,11 @@ async def _chat_chunks(
     formatter: LogprobFormatter | None,
     prompt_tokens: int,
     include_usage: bool,
+    token_ids: bool = False,
 ) -> AsyncIterator[bytes]:
     head = {**head, "object": "chat.completion.chunk"}
     usage_field = {"usage": None} if include_usage else {}
+    pending_ids: list[list[int]] = [[] for _ in streams]
 
     def chunk(
         index: int, delta: dict[str, Any], finish: str | None, logprobs: list[dict[str, Any]] | None
@@ -201,6 +215,8 @@ async def _chat_chunks(
             "logprobs": {"content": logprobs, "refusal": None} if logprobs is not None else None,
             "finish_reason": finish,
         }
+        if token_ids:  # vLLM's return_token_ids: the ids this chunk completes
+            choice["token_ids"], pending_ids[index] = pending_ids[index], []
         return sse_data({**head, "choices": [choice], **usage_field})
 
     for index in range(len(streams)):
@@ -210,6 +226,7 @@ async def _chat_chunks(
     async with aclosing(ctx.bridge.events(streams)) as events:
         async for index, event in events:
             if isinstance(event, TokenEvent):
+                pending_ids[index].append(event.token_id)
                 if formatter is not None:
                     pending[index].append(formatter.chat(event))
                 if event.text:  # a token without text yet (half a character) sends nothing
@@ -263,13 +280,23 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         "system_fingerprint": FINGERPRINT,
         "seed": seed,
     }
-    formatter = LogprobFormatter(tokenizer) if body.logprobs is not None else None
+    formatter = (
+        LogprobFormatter(tokenizer, body.return_tokens_as_token_ids) if body.logprobs is not None else None
+    )
     with_top = bool(body.logprobs)
     prompt_lengths = [len(p) for p in ids]
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = _completion_chunks(
-            ctx, streams, head, formatter, with_top, echoes, prompt_lengths, include_usage
+            ctx,
+            streams,
+            head,
+            formatter,
+            with_top,
+            echoes,
+            prompt_lengths,
+            include_usage,
+            body.return_token_ids,
         )
         return SSEResponse(chunks, on_close=lambda: ctx.bridge.release(streams))
 
@@ -278,14 +305,16 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     for index, result in enumerate(results):
         assert result.done is not None
         echo = echoes[index]
-        choices.append(
-            {
-                "index": index,
-                "text": echo + result.done.text,
-                "logprobs": formatter.legacy(result.tokens, len(echo), with_top) if formatter else None,
-                "finish_reason": result.done.finish_reason,
-            }
-        )
+        choice = {
+            "index": index,
+            "text": echo + result.done.text,
+            "logprobs": formatter.legacy(result.tokens, len(echo), with_top) if formatter else None,
+            "finish_reason": result.done.finish_reason,
+        }
+        if body.return_token_ids:  # vLLM's return_token_ids: the prompt's and the completion's ids
+            choice["prompt_token_ids"] = list(ids[index // body.n])
+            choice["token_ids"] = list(result.done.token_ids)
+        choices.append(choice)
     dones = [r.done for r in results if r.done is not None]
     return JSONResponse({**head, "choices": choices, "usage": usage_of(dones, prompt_lengths)})
 
@@ -299,11 +328,15 @@ async def _completion_chunks(
     echoes: Sequence[str],
     prompt_lengths: Sequence[int],
     include_usage: bool,
+    token_ids: bool = False,
 ) -> AsyncIterator[bytes]:
     usage_field = {"usage": None} if include_usage else {}
+    pending_ids: list[list[int]] = [[] for _ in streams]
 
     def chunk(index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> bytes:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        if token_ids:  # vLLM's return_token_ids: the ids this chunk completes
+            choice["token_ids"], pending_ids[index] = pending_ids[index], []
         return sse_data({**head, "choices": [choice], **usage_field})
 
     offsets = [len(e) for e in echoes]
@@ -324,6 +357,7 @@ async def _completion_chunks(
         async for index, event in events:
             if isinstance(event, TokenEvent):
                 pending[index].append(event)
+                pending_ids[index].append(event.token_id)
                 if event.text:
                     logprobs = logprobs_of(index)
                     offsets[index] += len(event.text)

@@ -145,6 +145,13 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
             raise APIError(f"only one output constraint can be given, got {names}", param=given[1].parameter)
         return given[0] if given else None
 
+    return_token_ids: StrictBool = Field(
+        False, description="vLLM extension: each choice also carries its generated `token_ids`."
+    )
+    return_tokens_as_token_ids: StrictBool = Field(
+        False, description='vLLM extension: logprob tokens are written "token_id:N" instead of text.'
+    )
+
     def check_supported(self) -> None:
         """Refuse what this server cannot honour, rather than silently ignore it: speculative decoding
         is not implemented yet, so any `spec_*` field other than `spec_method: "none"` is a 400; an
@@ -476,6 +483,9 @@ class ResponsesRequest(Generation):
     def check_supported(self) -> None:
         """Refuse what this server cannot honour."""
         super().check_supported()
+        for name in ("return_token_ids", "return_tokens_as_token_ids"):
+            if getattr(self, name):
+                raise APIError(f"{name} is not supported on /v1/responses", param=name)
         if self.previous_response_id is not None:
             raise APIError(
                 "previous_response_id is not supported: responses are not stored",
