@@ -94,11 +94,14 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.loop = asyncio.get_running_loop()
         engine.start()
+        # the template worker starts now, so the first chat request does not wait for it
+        await asyncio.to_thread(ctx.sandbox.start)
         try:
             yield
         finally:
             ctx.bridge.admitting = False
             ctx.bridge.cancel_all()
+            ctx.sandbox.close()
             # shutdown() joins the engine thread; keep the event loop free meanwhile.
             await asyncio.to_thread(engine.shutdown, cancel=True)
 
