@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infer.cli.serve import completions, responses
+from infer.cli.serve.bridge import RETRY_AFTER
 from infer.cli.serve.context import ServeContext
 from infer.cli.serve.errors import APIError, error_body, install_error_handlers
 from infer.engine.runtime.engine import Engine
@@ -126,7 +127,9 @@ def create_app(
             "active_sequences": engine.active_sequences,
             "in_flight": ctx.bridge.in_flight,
         }
-        return JSONResponse(body, status_code=200 if ctx.bridge.admitting else 503)
+        if ctx.bridge.admitting:
+            return JSONResponse(body)
+        return JSONResponse(body, status_code=503, headers=RETRY_AFTER)
 
     def model_card() -> dict[str, Any]:
         return {
