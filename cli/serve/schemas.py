@@ -158,7 +158,7 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
             raise APIError(str(exc), param=exc.parameter) from None
         if vocab_size is not None and _bans_every_token(params, vocab_size):
             raise APIError(
-                "logit_bias bans every token of the vocabulary (-inf for all of them): nothing can be sampled",
+                "logit_bias bans every token of the vocabulary (-inf for all): nothing can be sampled",
                 param="logit_bias",
             )
         return params
