@@ -21,6 +21,7 @@ from infer.cli.serve import completions, responses
 from infer.cli.serve.bridge import RETRY_AFTER
 from infer.cli.serve.context import ServeContext
 from infer.cli.serve.errors import APIError, error_body, install_error_handlers
+from infer.cli.serve.openapi import install_openapi
 from infer.engine.runtime.engine import Engine
 from infer.profiles.settings import Settings
 
@@ -154,5 +155,6 @@ def create_app(
             )
         return model_card()
 
+    install_openapi(app)
     app.add_middleware(_Gate, api_key=api_key, max_body_bytes=max_body_bytes)
     return app
