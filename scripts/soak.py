@@ -362,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             f"statuses {report.statuses}, {report.hang_ups} hang-ups, {report.cancellations} cancellations, "
             f"{report.greedy_checked} greedy checked ({len(report.greedy_mismatches)} mismatches), "
             f"5xx {report.server_errors_5xx}, slots held at end {report.slots_held_at_end} "
-            f"(in flight {report.in_flight_at_end}), RSS {report.rss_warm_mb:.0f} -> {report.rss_end_mb:.0f} MiB "
+            f"(in flight {report.in_flight_at_end}), "
+            f"RSS {report.rss_warm_mb:.0f} -> {report.rss_end_mb:.0f} MiB "
             f"({report.rss_growth_pct:+.1f} %, peak {report.rss_peak_mb:.0f}), "
             f"tracebacks {report.server_tracebacks}, exit {report.exit_status}"
         )
