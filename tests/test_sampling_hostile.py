@@ -6,12 +6,14 @@ errors: an overflow inside the chain is handled, never printed."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 import warnings
 
 import numpy as np
 import pytest
+from cli_process import infer_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
@@ -22,6 +24,8 @@ from infer.engine.sampling.params import (
     MAX_LOGIT_BIAS_ENTRIES,
     MIN_TEMPERATURE,
 )
+
+pytest_plugins = ["conftest_synthetic"]
 
 VOCAB = 64
 FLOAT_FIELDS = [f.name for f in dataclasses.fields(SamplingParams) if f.type == "float"]
@@ -224,3 +228,17 @@ def test_mirostat_with_the_largest_target_never_overflows():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _run_steps(_sampler(params, []), np.linspace(-5, 5, VOCAB, dtype=np.float32), steps=8)
+
+
+def test_cli_extreme_flags_are_one_line_or_greedy(tiny_gguf) -> None:
+    """Rows 2-3 on the CLI: `--temp 1e-45` is greedy (exit 0, no numpy warning), `--repeat-penalty
+    1e-40` is one line and exit 2."""
+    base = ("generate", "--model", str(tiny_gguf), "-n", "3", "--ignore-eos", "--json", "hi")
+    tiny = infer_cli(*base, "--temp", "1e-45", timeout=120)
+    greedy = infer_cli(*base, "--temp", "0", timeout=120)
+    assert tiny.returncode == 0 and "Warning" not in tiny.stderr, tiny.stderr
+    assert json.loads(tiny.stdout)["token_ids"] == json.loads(greedy.stdout)["token_ids"]
+    refused = infer_cli(*base, "--repeat-penalty", "1e-40", timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "repeat_penalty" in lines[0], refused.stderr
