@@ -80,7 +80,8 @@ def tiny_model(folder: Path) -> Path:
 def run_schemathesis(
     url: str, *, max_examples: int, seed: int, workers: int, report: Path, timeout: float
 ) -> subprocess.CompletedProcess[str]:
-    """`schemathesis run` against `url`'s own document, every check, a JSON report at `report`."""
+    """`schemathesis run` against `url`'s own document, every check, a JSON report at `report`. It runs
+    in the report's folder: schemathesis keeps a cache (`.schemathesis/`) in its working directory."""
     executable = shutil.which("schemathesis") or shutil.which("st")
     command = [executable] if executable else [sys.executable, "-m", "schemathesis.cli"]
     command += [
@@ -104,7 +105,9 @@ def run_schemathesis(
         "--report-json-path",
         str(report),
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False, cwd=report.parent
+    )
 
 
 def fuzz(
