@@ -346,8 +346,9 @@ class SamplingParams:
     :class:`SamplingParamsError` naming the field, the value and the allowed range. NaN and +-inf are
     rejected in every float field (``-inf`` is allowed only as a ``logit_bias`` value, where it bans
     the token). Each float field's range (:data:`FIELD_RANGES`) keeps the chain's float32 arithmetic
-    free of NaN and +inf for any finite logits a model gives. Each field's "off" value is given in
-    its docstring; there is exactly one.
+    free of NaN and +inf for the logits models produce (a stage that still overflows, on logits near
+    float32's limit, ends the step with :class:`NoFiniteLogitsError` naming its setting). Each field's
+    "off" value is given in its docstring; there is exactly one.
     """
 
     temperature: float = 0.8
