@@ -364,6 +364,37 @@ def _hf_shape_mismatch(tmp: Path, m: TinyModel) -> tuple[Path, tuple[str, ...]]:
     return m.hf_dir, ("mlp.gate_proj.weight", "shape")
 
 
+def _hf_fewer_layers(count: int) -> Callable[[Path, TinyModel], tuple[Path, tuple[str, ...]]]:
+    """Issue 19 row 10: the config claims fewer layers than the weights hold (0 once generated "\n"s)."""
+
+    def make(tmp: Path, m: TinyModel) -> tuple[Path, tuple[str, ...]]:
+        path = m.hf_dir / "config.json"
+        config = json.loads(path.read_text())
+        config["num_hidden_layers"] = count
+        path.write_text(json.dumps(config))
+        return m.hf_dir, (f"model.layers.{count}.", f"has {count} layers")
+
+    return make
+
+
+def _hf_more_layers(tmp: Path, m: TinyModel) -> tuple[Path, tuple[str, ...]]:
+    path = m.hf_dir / "config.json"
+    config = json.loads(path.read_text())
+    config["num_hidden_layers"] = 3
+    path.write_text(json.dumps(config))
+    return m.hf_dir, ("missing tensor", "model.layers.2.")
+
+
+def _hf_stray_layer_tensor(tmp: Path, m: TinyModel) -> tuple[Path, tuple[str, ...]]:
+    from safetensors.numpy import save_file
+
+    shard = next(m.hf_dir.glob("*.safetensors"))
+    weights = read_safetensors_folder(m.hf_dir)
+    weights["model.layers.1.self_attn.extra_proj.weight"] = np.zeros((4, 4), np.float32)
+    save_file(weights, str(shard))
+    return m.hf_dir, ("unexpected tensor", "model.layers.1.self_attn.extra_proj.weight")
+
+
 def _hf_unsupported_arch(tmp: Path, m: TinyModel) -> tuple[Path, tuple[str, ...]]:
     path = m.hf_dir / "config.json"
     path.write_text(path.read_text().replace("LlamaForCausalLM", "GPTNeoXForCausalLM"))
@@ -403,6 +434,13 @@ BAD_INPUTS: dict[str, Callable[[Path, TinyModel], tuple[Path, tuple[str, ...]]]]
     "hf-shape-vs-config": _hf_shape_mismatch,
     "hf-unsupported-arch": _hf_unsupported_arch,
     "hf-missing-field": _hf_missing_field,
+    "hf-config-zero-layers": _hf_fewer_layers(0),
+    "hf-config-fewer-layers": _hf_fewer_layers(1),
+    "hf-config-more-layers": _hf_more_layers,
+    "hf-stray-layer-tensor": _hf_stray_layer_tensor,
+    "gguf-block-count-below-tensors": _gguf_variant(
+        ("blk.1|model.layers.1.", "has 1 layers"), gguf_metadata={"llama.block_count": 1}
+    ),
 }
 
 

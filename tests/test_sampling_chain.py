@@ -96,20 +96,22 @@ def test_the_chain_is_built_once_not_per_token(monkeypatch):
 
 
 def test_an_off_modifier_after_an_overflowing_temperature_still_finds_no_token():
-    # temperature 1e-40 sends every negative logit to -inf; the (off) penalties stage after it keeps
-    # the check that some candidate is left, exactly as the stage-by-stage chain did
-    logits = -np.abs(LOGITS) - 1.0
-    sampler = make(SamplingParams(temperature=1e-40, samplers="temperature;penalties"))
-    with np.errstate(over="ignore"), pytest.raises(NoFiniteLogitsError):
-        sampler.sample(logits, 0)
+    # the smallest temperature (1e-5) sends logits near float32's limit to -inf; the (off) penalties
+    # stage after it keeps the check that some candidate is left, and the error names temperature
+    logits = -np.abs(LOGITS) * 1e35 - 1e36
+    sampler = make(SamplingParams(temperature=1e-5, samplers="temperature;penalties"))
+    with pytest.raises(NoFiniteLogitsError) as info:
+        sampler.sample(logits.astype(np.float32), 0)
+    assert info.value.parameter == "temperature"
 
 
 def test_an_active_modifier_that_leaves_nothing_is_an_error():
-    # a huge repeat penalty sends every (negative) logit of the history's tokens to -inf
-    logits = np.full(4, -1.0, dtype=np.float32)
-    sampler = make(SamplingParams(repeat_penalty=1e300, **OFF), vocab=4, prompt_ids=[0, 1, 2, 3])
-    with np.errstate(over="ignore"), pytest.raises(NoFiniteLogitsError):
+    # the largest repeat penalty sends every (very negative) logit of the history's tokens to -inf
+    logits = np.full(4, -1e36, dtype=np.float32)
+    sampler = make(SamplingParams(repeat_penalty=1e6, **OFF), vocab=4, prompt_ids=[0, 1, 2, 3])
+    with pytest.raises(NoFiniteLogitsError) as info:
         sampler.sample(logits, 0)
+    assert info.value.parameter == "repeat_penalty"
 
 
 def test_greedy_chain_applies_only_the_active_modifiers_in_order():

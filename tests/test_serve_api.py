@@ -324,7 +324,11 @@ BAD_BODIES: list[tuple[str, str | bytes | dict[str, Any], int, str | None]] = [
     (CHAT, b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, None),  # not UTF-8
     (CHAT, "[" * 100_000 + "]" * 100_000, 400, None),  # nesting deeper than the JSON parser goes
     (CHAT, "[1, 2]", 400, None),
-    (CHAT, "", 400, None),
+    (CHAT, "", 400, "messages"),  # an empty body names the field to send
+    ("/v1/completions", "", 400, "prompt"),
+    (CHAT, _chat('"stop": ["\\ud800"]'), 400, "stop"),  # a lone surrogate, as in messages
+    (CHAT, _chat('"logit_bias": {"5": 1e308}'), 400, "logit_bias"),  # beyond the documented 1e4
+    (CHAT, _chat('"repeat_penalty": 1e-40'), 400, "repeat_penalty"),
     ("/v1/completions", {"prompt": FIVE_MB}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, 2, 99999999]}, 400, "prompt"),
     ("/v1/completions", '{"prompt": "a\\udfff"}', 400, "prompt"),
@@ -351,8 +355,8 @@ BAD_BODIES: list[tuple[str, str | bytes | dict[str, Any], int, str | None]] = [
     (CHAT, _chat(f'"top_k": {10**9}, "max_tokens": 1'), 200, None),
     (CHAT, _chat('"spec_method": "none", "max_tokens": 1'), 200, None),
     (CHAT, _chat('"temperature": -1, "max_tokens": 1'), 200, None),
+    (CHAT, _chat('"temperature": 1e-45, "max_tokens": 1'), 200, None),  # below 1e-5: greedy
     (CHAT, _chat('"some_future_field": {"x": 1}, "max_tokens": 1'), 200, None),
-    (CHAT, _chat('"stop": ["\\ud800"], "max_tokens": 1'), 200, None),
 ]
 
 

@@ -18,8 +18,10 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infer.cli.serve import completions, responses
+from infer.cli.serve.bridge import RETRY_AFTER
 from infer.cli.serve.context import ServeContext
 from infer.cli.serve.errors import error_body, install_error_handlers
+from infer.cli.serve.openapi import install_openapi
 from infer.engine.runtime.engine import Engine
 from infer.profiles.settings import Settings
 
@@ -95,11 +97,14 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.loop = asyncio.get_running_loop()
         engine.start()
+        # the template worker starts now, so the first chat request does not wait for it
+        await asyncio.to_thread(ctx.sandbox.start)
         try:
             yield
         finally:
             ctx.bridge.admitting = False
             ctx.bridge.cancel_all()
+            ctx.sandbox.close()
             # shutdown() joins the engine thread; keep the event loop free meanwhile.
             await asyncio.to_thread(engine.shutdown, cancel=True)
 
@@ -124,7 +129,9 @@ def create_app(
             "active_sequences": engine.active_sequences,
             "in_flight": ctx.bridge.in_flight,
         }
-        return JSONResponse(body, status_code=200 if ctx.bridge.admitting else 503)
+        if ctx.bridge.admitting:
+            return JSONResponse(body)
+        return JSONResponse(body, status_code=503, headers=RETRY_AFTER)
 
     def model_card(name: str) -> dict[str, Any]:
         return {
@@ -146,5 +153,6 @@ def create_app(
         ctx.check_model(model)
         return model_card(model)
 
+    install_openapi(app)
     app.add_middleware(_Gate, api_key=api_key, max_body_bytes=max_body_bytes)
     return app

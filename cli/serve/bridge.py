@@ -25,6 +25,9 @@ T = TypeVar("T")
 
 SHUTDOWN_MESSAGE = "the server is shutting down and cancelled this request"
 
+RETRY_AFTER = {"Retry-After": "5"}
+"""Sent with every 503: a client (or load balancer) should retry, on this server's successor."""
+
 
 class EngineBridge:
     """Submits requests to a running engine and hands their events to asyncio code.
@@ -56,6 +59,7 @@ class EngineBridge:
                 status=503,
                 type=SERVER_ERROR,
                 code="server_shutting_down",
+                headers=RETRY_AFTER,
             )
         streams: list[RequestStream] = []
         try:

@@ -1,15 +1,18 @@
 """`infer serve`: load the model once and run the OpenAI-compatible server under uvicorn.
 
-SIGTERM (or Ctrl-C) stops admitting at once (new requests get 503), lets the requests in flight
-finish for up to `--shutdown-grace` seconds, cancels the rest (their streams end with an error event),
-stops the engine and exits 0.
+SIGTERM (or Ctrl-C) stops admitting at once (new requests get 503 with `Retry-After`, `/health` reports
+`shutting_down`; the port stays open meanwhile), lets the requests in flight finish for up to
+`--shutdown-grace` seconds, cancels the rest (their streams end with an error event), stops the engine
+and exits 0. A second signal skips the wait.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -29,15 +32,44 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class _GracefulServer(uvicorn.Server):
-    """uvicorn's server, telling the app that shutdown began before uvicorn starts its own steps."""
+    """uvicorn's server with a drain before uvicorn's own shutdown.
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+    uvicorn closes its listening socket as soon as a signal arrives, so a client would meet
+    "connection refused". Here the first SIGTERM (or Ctrl-C) only stops admitting: the socket stays
+    open, `/health` says `shutting_down` and new requests get 503 with `Retry-After`, while the
+    requests in flight finish (or are cancelled at the end of the grace period and end with their
+    cancellation event). Once none is left, uvicorn shuts down. A second signal skips the drain.
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_exit: Callable[[], None],
+        in_flight: Callable[[], int],
+        loop_of: Callable[[], asyncio.AbstractEventLoop | None],
+        drain_seconds: float,
+    ) -> None:
         super().__init__(config)
         self._on_exit = on_exit
+        self._in_flight = in_flight
+        self._loop_of = loop_of
+        self._drain_seconds = drain_seconds
+        self._draining = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """Signal handler: stop admitting and start the grace timer, then let uvicorn shut down."""
+        """Signal handler: the first signal begins the drain, a second one exits at once."""
+        loop = self._loop_of()
+        if self._draining or loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self._draining = True
         self._on_exit()
+        loop.call_soon_threadsafe(lambda: loop.create_task(self._drain(sig, frame)))
+
+    async def _drain(self, sig: int, frame: FrameType | None) -> None:
+        deadline = time.monotonic() + self._drain_seconds
+        while self._in_flight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         super().handle_exit(sig, frame)
 
 
@@ -129,7 +161,14 @@ def serve(
         timeout_graceful_shutdown=int(shutdown_grace) + 5,  # backstop: the app cancels at `grace`
         lifespan="on",
     )
-    server = _GracefulServer(config, begin_shutdown)
+    server = _GracefulServer(
+        config,
+        begin_shutdown,
+        in_flight=lambda: bridge.in_flight,
+        loop_of=lambda: getattr(app.state, "loop", None),
+        # the grace period, then a little for the cancelled streams to send their last event
+        drain_seconds=shutdown_grace + 2.0,
+    )
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     if host not in LOOPBACK_HOSTS and not api_key:

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from infer.cli.serve.bridge import SHUTDOWN_MESSAGE, until_disconnect
+from infer.cli.serve.bridge import RETRY_AFTER, SHUTDOWN_MESSAGE, until_disconnect
 from infer.cli.serve.context import ServeContext, new_id
 from infer.cli.serve.errors import SERVER_ERROR, APIError, error_body
 from infer.cli.serve.schemas import ChatCompletionRequest, CompletionRequest
@@ -70,10 +70,12 @@ async def run_whole(
 def failure_error(ctx: ServeContext, done: DoneEvent) -> APIError | None:
     """The APIError a failed or cancelled request answers with (None when it finished normally)."""
     if done.finish_reason == "error":
+        if done.error_param is not None:  # the request's own settings left nothing to sample: its fault
+            return APIError(done.error or "generation failed", param=done.error_param, code="sampling_failed")
         return APIError(done.error or "generation failed", status=500, type=SERVER_ERROR, code="engine_error")
     if done.finish_reason == "cancelled":
         message = SHUTDOWN_MESSAGE if ctx.bridge.shutting_down else "the request was cancelled"
-        return APIError(message, status=503, type=SERVER_ERROR, code="cancelled")
+        return APIError(message, status=503, type=SERVER_ERROR, code="cancelled", headers=RETRY_AFTER)
     return None
 
 

@@ -17,6 +17,7 @@ from infer.engine.runtime.request import Request, RequestError
 from infer.engine.runtime.stream import RequestStream
 from infer.engine.text.chat import ChatTemplateError
 from infer.engine.text.prompts import prompt_ids
+from infer.engine.text.sandbox import TemplateSandbox
 from infer.profiles.settings import Settings
 
 
@@ -69,6 +70,8 @@ class ServeContext:
     aliases: tuple[str, ...] = ()
     """Other names requests may use for the model (`infer serve --alias`)."""
     bridge: EngineBridge = field(init=False)
+    sandbox: TemplateSandbox = field(default_factory=TemplateSandbox)
+    """The chat-template worker: started with the app, killed when a render runs past its time."""
     created: int = field(default_factory=lambda: int(time.time()))
     """When the model was loaded (the /v1/models `created` field)."""
 
@@ -126,9 +129,9 @@ class ServeContext:
             _check_encodable(messages, param)
             self._check_size(_message_text(messages), param)
             try:
-                return prompt_ids(tokenizer, messages=messages)
+                return prompt_ids(tokenizer, messages=messages, sandbox=self.sandbox)
             except ChatTemplateError as exc:
-                raise APIError(str(exc), param=param) from None
+                raise APIError(str(exc), param=param, code=exc.code) from None
 
         return await asyncio.to_thread(work)
 

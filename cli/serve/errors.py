@@ -33,6 +33,7 @@ class APIError(Exception):
         type: str = INVALID_REQUEST,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -40,6 +41,8 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
+        """Extra response headers (`Retry-After` on a 503)."""
 
     def body(self) -> dict[str, Any]:
         """The JSON body: `{"error": {...}}`."""
@@ -47,7 +50,7 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         """This error as an HTTP response."""
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def error_body(
@@ -89,10 +92,25 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{param}: {message}" + (f" (got {shown})" if shown is not None else "")
 
 
-async def _validation_handler(_request: Request, exc: Exception) -> JSONResponse:
+def _first_required_field(request: Request) -> str | None:
+    """The first required field of the route's body model (`messages`, `prompt`, `input`)."""
+    route = request.scope.get("route")
+    body_field = getattr(route, "body_field", None)
+    model = getattr(getattr(body_field, "field_info", None), "annotation", None)
+    fields = getattr(model, "model_fields", {})
+    return next((name for name, info in fields.items() if info.is_required()), None)
+
+
+async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     first = dict(errors[0]) if errors else {}
+    if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
+        # no body at all: name the field a client must send first
+        field_name = _first_required_field(request)
+        wanted = f" with at least `{field_name}`" if field_name else ""
+        message = f"the request body is empty; send a JSON object{wanted} (Content-Type: application/json)"
+        return JSONResponse(error_body(message, param=field_name), status_code=400)
     message = _describe(first)
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"

@@ -93,6 +93,12 @@ SAMPLER_FIELD_NAMES: tuple[str, ...] = tuple(
 """Body fields that go straight to `SamplingParams` (under the same name)."""
 
 
+def _bans_every_token(params: SamplingParams, vocab_size: int) -> bool:
+    """Whether `logit_bias` is -inf for every token (knowable before any step runs)."""
+    bias = params.logit_bias
+    return len(bias) >= vocab_size and all(b == float("-inf") for b in bias.values())
+
+
 class StreamOptions(_Body):
     """`stream_options`: ask for a last chunk carrying usage."""
 
@@ -192,13 +198,28 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
                 params.check_vocab(vocab_size)
         except SamplingParamsError as exc:
             raise APIError(str(exc), param=exc.parameter) from None
+        if vocab_size is not None and _bans_every_token(params, vocab_size):
+            raise APIError(
+                "logit_bias bans every token of the vocabulary (-inf for all): nothing can be sampled",
+                param="logit_bias",
+            )
         return params
 
     def stop_strings(self) -> tuple[str, ...]:
-        """`stop` as a tuple."""
+        """`stop` as a tuple; APIError 400 for a string with no UTF-8 form (a lone surrogate)."""
         if self.stop is None:
             return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        for stop in stops:
+            try:
+                stop.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise APIError(
+                    f"the stop contains an invalid Unicode code point ({exc.reason}, "
+                    f"{stop[exc.start]!r} at offset {exc.start})",
+                    param="stop",
+                ) from None
+        return stops
 
     def token_limit(self) -> tuple[int | None, str]:
         """(the requested most new tokens or None, the field that asked)."""

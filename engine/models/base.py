@@ -3,6 +3,7 @@ model interfaces, and the load error."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -178,3 +179,27 @@ def check_shapes(
             raise ModelLoadError(
                 f"{source}: tensor {name} has shape {tuple(weights[name].shape)}, the config implies {shape}"
             )
+
+
+_LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
+_IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
+"""Layer tensors some exporters store that no model reads (older transformers saved RoPE tables)."""
+
+
+def check_no_stray_layers(
+    expected: Mapping[str, tuple[int, ...]], weights: Mapping[str, np.ndarray], num_layers: int, source: str
+) -> None:
+    """ModelLoadError for the first layer tensor (`model.layers.N.`) that `expected` does not list:
+    a layer beyond the config's layer count, or a tensor the family does not know. The other
+    direction of :func:`check_shapes`: the config must account for every layer the file holds."""
+    for name in sorted(weights):
+        match = _LAYER_TENSOR.match(name)
+        if match is None or name in expected or name.endswith(_IGNORED_TENSOR_SUFFIXES):
+            continue
+        layer = int(match.group(1))
+        if layer >= num_layers:
+            raise ModelLoadError(
+                f"{source}: tensor {name} belongs to layer {layer}, but the config has {num_layers} "
+                "layers (num_hidden_layers / block_count)"
+            )
+        raise ModelLoadError(f"{source}: unexpected tensor {name} (this architecture has no such weight)")

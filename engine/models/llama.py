@@ -25,6 +25,7 @@ from infer.engine.models.base import (
     ModelLoadError,
     QuantizedTensor,
     Tensor,
+    check_no_stray_layers,
     check_shapes,
 )
 
@@ -186,7 +187,9 @@ class LlamaFamily:
         """Shapes against the config; a tied head's stored lm_head is dropped."""
         if config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
-        check_shapes(self.expected_shapes(config), weights, source)
+        expected = self.expected_shapes(config)
+        check_shapes(expected, weights, source)
+        check_no_stray_layers(expected, weights, config.num_hidden_layers, source)
         factors = weights.get(ROPE_FREQS)
         if factors is not None and factors.shape != (config.head_dim // 2,):
             raise ModelLoadError(

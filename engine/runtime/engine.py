@@ -29,7 +29,7 @@ from infer.engine.runtime.request import EngineBusy, FaultHook, Request, Request
 from infer.engine.runtime.scheduler import ScheduledWork, Scheduler, SchedulerLimits
 from infer.engine.runtime.sequence import Sequence
 from infer.engine.runtime.stream import Completion, RequestStream
-from infer.engine.sampling import SampledToken, SequenceSampler
+from infer.engine.sampling import NoFiniteLogitsError, SampledToken, SequenceSampler
 from infer.engine.text.tokenizer import Tokenizer
 
 ItemLogits = tuple[np.ndarray, list[int] | None, int]
@@ -424,9 +424,13 @@ class Engine:
 
     def _fail(self, seq: Sequence, label: str, exc: BaseException) -> None:
         message = f"{label} failed after {len(seq.generated)} tokens: {type(exc).__name__}: {exc}"
-        self._finish(seq, "error", message)
+        # a sampler error names the request setting responsible (NoFiniteLogitsError.parameter)
+        param = exc.parameter if isinstance(exc, NoFiniteLogitsError) else None
+        self._finish(seq, "error", message, param)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+    def _finish(
+        self, seq: Sequence, reason: FinishReason, error: str | None = None, error_param: str | None = None
+    ) -> None:
         self.scheduler.remove(seq)
         end = time.perf_counter()
         first = seq.first_token_at
@@ -447,6 +451,7 @@ class Engine:
                 seq.seed,
                 tuple(seq.generated),
                 seq.output.text,
+                error_param=error_param,
             )
         )
 

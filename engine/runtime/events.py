@@ -85,6 +85,9 @@ class DoneEvent:
     """The whole completion text (the concatenation of the TokenEvent texts)."""
     counters: dict[str, int] = field(default_factory=dict)
     """Mode-specific counters, e.g. speculative drafted/accepted."""
+    error_param: str | None = None
+    """The request setting an error is due to (``logit_bias``, ``temperature``, ...), when the step
+    failed because of it rather than the model or the engine; None otherwise."""
 
 
 Event = TokenEvent | DoneEvent

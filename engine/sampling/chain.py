@@ -107,8 +107,10 @@ class SequenceSampler:
         self.vocab_size = int(vocab_size)
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         self._arange = np.arange(self.vocab_size, dtype=np.int64)
-        self._bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64)
-        self._bias_vals = np.fromiter(params.logit_bias.values(), dtype=np.float32)
+        bias = params.logit_bias
+        assert isinstance(bias, FrozenLogitBias)  # SamplingParams normalises it
+        self._bias_ids = bias.ids
+        self._bias_vals = bias.biases.astype(np.float32)
         self._history = TokenHistory(prompt_ids, self.vocab_size, token_texts, params.dry_sequence_breakers)
         self.mu = 2.0 * params.mirostat_tau
         self._mu_stack: list[float] = []
@@ -172,6 +174,8 @@ class SequenceSampler:
         w = x
         if self._bias_ids.size:
             w = x.copy()
+            # one vectorised step, whatever the entry count; |bias| <= 1e4 is below float32's
+            # spacing near its limit, so the sum cannot overflow
             w[self._bias_ids] += self._bias_vals
         if allowed is not None:
             mask = np.asarray(allowed, dtype=bool)
@@ -182,12 +186,13 @@ class SequenceSampler:
 
     def _greedy(self, w: np.ndarray) -> int:
         c: st.Cands = (self._arange, w)
-        for link in self.chain.greedy:
-            c = link(c, NO_DRAWS)
+        with np.errstate(over="ignore", invalid="ignore"):  # checked below: argmax lands on a NaN
+            for link in self.chain.greedy:
+                c = link(c, NO_DRAWS)
         logits = c[1]
         best = int(np.argmax(logits))
-        if logits[best] == -np.inf:
-            raise no_token_left()
+        if not np.isfinite(logits[best]):
+            raise self.chain.explain((self._arange, w), NO_DRAWS, greedy=True)
         return best
 
     def _distribution(self, w: np.ndarray, position: int, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -203,12 +208,16 @@ class SequenceSampler:
 
     def _distribution_of(self, c: st.Cands, position: int, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The final distribution from finite candidates `c` (ids ascending) through the chain."""
+        start = c
         chain = self.chain
-        for link in chain.links:
-            c = link(c, u)
-        if chain.mirostat is not None:
-            c = chain.mirostat(c, self.mu)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is caught by the check below
+            for link in chain.links:
+                c = link(c, u)
+            if chain.mirostat is not None:
+                c = chain.mirostat(c, self.mu)
         ids, logits = c
+        if not np.isfinite(logits.max()):  # NaN or +inf would empty the distribution below
+            raise chain.explain(start, u)
         probs = st.softmax(logits)
         nz = probs > 0.0
         if not nz.all():

@@ -28,6 +28,7 @@ __all__ = [
     "Stage",
     "StageMaker",
     "build_chain",
+    "finite_check",
     "make_stage",
     "no_token_left",
 ]
@@ -102,25 +103,68 @@ def make_stage(name: str, params: SamplingParams, coin: int = 1) -> Stage | None
     return STAGE_MAKERS[name](params, coin)
 
 
-def no_token_left() -> NoFiniteLogitsError:
-    """The error of a chain that leaves no candidate with a finite logit."""
+STAGE_PARAMETERS: dict[str, str] = {
+    "logit_bias": "logit_bias",
+    "penalties": "repeat_penalty",
+    "dry": "dry_multiplier",
+    "temperature": "temperature",
+    "mirostat": "mirostat",
+    "top_n_sigma": "top_n_sigma",
+    "top_k": "top_k",
+    "typ_p": "typical_p",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "xtc": "xtc_probability",
+}
+"""The setting a stage's failure is reported under (the stage that can push logits out of range)."""
+
+
+def no_token_left(stage: str = "logit_bias") -> NoFiniteLogitsError:
+    """The error of a chain that leaves no candidate with a finite logit after ``stage``."""
+    parameter = STAGE_PARAMETERS.get(stage, stage)
+    where = "logit_bias and the allowed mask" if stage == "logit_bias" else f"the {stage} stage"
     return NoFiniteLogitsError(
-        "no token can be sampled: every token is at -inf after logit_bias and the allowed mask."
+        f"no token can be sampled: every token is at -inf after {where} (parameter {parameter}).",
+        parameter,
     )
 
 
-def _check_left(c: st.Cands, u: np.ndarray) -> st.Cands:
-    """``c`` itself; raises when no candidate has a finite logit."""
-    if c[1].max() == -np.inf:
-        raise no_token_left()
-    return c
+def out_of_range(stage: str) -> NoFiniteLogitsError:
+    """The error of a stage whose arithmetic left a NaN or +inf logit."""
+    parameter = STAGE_PARAMETERS.get(stage, stage)
+    return NoFiniteLogitsError(
+        f"no token can be sampled: the {stage} stage pushed a logit to NaN or +inf (parameter {parameter}).",
+        parameter,
+    )
 
 
-def _checked(modifier: Stage) -> Stage:
-    """``modifier`` followed by :func:`_check_left`: a logit modifier may push every logit to -inf."""
+def finite_check(logits: np.ndarray, stage: str) -> None:
+    """Raise the error naming ``stage`` unless the best logit is finite (NaN propagates to the max)."""
+    top = logits.max()
+    if not np.isfinite(top):
+        raise no_token_left(stage) if top == -np.inf else out_of_range(stage)
+
+
+def _check_left(stage: str) -> Stage:
+    """A link that passes ``c`` through; it raises, naming ``stage`` (the link before it), when no
+    candidate has a finite logit."""
+
+    def check_left(c: st.Cands, u: np.ndarray) -> st.Cands:
+        if c[1].max() == -np.inf:
+            raise no_token_left(stage)
+        return c
+
+    return check_left
+
+
+def _checked(modifier: Stage, stage: str) -> Stage:
+    """``modifier`` followed by a check that a candidate is left: a logit modifier may push every
+    logit to -inf (or, from extreme logits, one to +inf)."""
 
     def checked(c: st.Cands, u: np.ndarray) -> st.Cands:
-        return _check_left(modifier(c, u), u)
+        c = modifier(c, u)
+        finite_check(c[1], stage)
+        return c
 
     return checked
 
@@ -170,6 +214,26 @@ class Chain:
     """Greedy: the logit modifiers that are on, in order (then the argmax)."""
     mirostat: Callable[[st.Cands, float], st.Cands] | None = None
     """Mirostat's truncation, applied after ``links`` with the request's running ``mu``."""
+    names: tuple[str, ...] = ()
+    """The stage name of each of ``links`` (a check after an off modifier is named by the stage
+    before it), so a failure found after the chain can be traced to the stage and setting."""
+    greedy_names: tuple[str, ...] = ()
+    """The stage name of each of ``greedy``."""
+
+    def explain(self, c: st.Cands, u: np.ndarray, greedy: bool = False) -> NoFiniteLogitsError:
+        """Replay the chain from ``c`` and return the error naming the first stage after which no
+        finite candidate is left (the slow path, taken only after a step already failed)."""
+        links, names = (self.greedy, self.greedy_names) if greedy else (self.links, self.names)
+        try:
+            with np.errstate(all="ignore"):
+                finite_check(c[1], "logit_bias")
+                for link, name in zip(links, names, strict=True):
+                    c = link(c, u)
+                    finite_check(c[1], name)
+        except NoFiniteLogitsError as exc:
+            return exc
+        last = "mirostat" if self.mirostat is not None and not greedy else (names or ("logit_bias",))[-1]
+        return out_of_range(last)
 
 
 def build_chain(params: SamplingParams, history: TokenHistory, full: np.ndarray) -> Chain:
@@ -190,9 +254,11 @@ def build_chain(params: SamplingParams, history: TokenHistory, full: np.ndarray)
         truncate = (
             functools.partial(st.mirostat_v1, n_vocab=full.shape[0]) if p.mirostat == 1 else st.mirostat_v2
         )
-        return Chain((lambda c, u: st.temperature(c, temp),), (), truncate)
+        return Chain((lambda c, u: st.temperature(c, temp),), (), truncate, ("temperature",))
     links: list[Stage] = []
+    names: list[str] = []
     greedy: list[Stage] = []
+    greedy_names: list[str] = []
     may_empty = False
     coin = 0
     for name in p.samplers:
@@ -200,14 +266,18 @@ def build_chain(params: SamplingParams, history: TokenHistory, full: np.ndarray)
             modifier = (_penalties if name == "penalties" else _dry)(p, history, full)
             if modifier is not None:
                 greedy.append(modifier)
-                links.append(_checked(modifier))
+                greedy_names.append(name)
+                links.append(_checked(modifier, name))
+                names.append(name)
                 may_empty = True
             elif may_empty:
-                links.append(_check_left)
+                links.append(_check_left(names[-1]))
+                names.append(names[-1])
             continue
         coin += name == "xtc"
         stage = make_stage(name, p, coin)
         if stage is not None:
             links.append(stage)
+            names.append(name)
             may_empty = may_empty or name == "temperature"
-    return Chain(tuple(links), tuple(greedy))
+    return Chain(tuple(links), tuple(greedy), names=tuple(names), greedy_names=tuple(greedy_names))

@@ -32,7 +32,13 @@ class SamplingParamsError(ValueError):
 
 
 class NoFiniteLogitsError(RuntimeError):
-    """No token can be drawn: the model gave NaN/+inf logits, or every allowed token is at -inf."""
+    """No token can be drawn: the model gave NaN/+inf logits, or every allowed token is at -inf, or a
+    stage's arithmetic left no finite logit. ``parameter`` names the setting responsible, when one is
+    (``logit_bias``, ``repeat_penalty``, ``temperature``, ...); None for the model's own logits."""
+
+    def __init__(self, message: str, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
 
 
 SAMPLER_STAGES: tuple[str, ...] = (
@@ -88,32 +94,137 @@ _STAGE_ALIASES = {
 
 _SEED_LIMIT = 1 << 64
 
+MIN_TEMPERATURE = 1e-5
+"""The smallest temperature that samples; a temperature below it is greedy (normalised to 0), as
+vLLM's ``_SAMPLING_EPS``. Dividing the logits by less could overflow float32, and the distribution
+it describes is the argmax anyway."""
+
+LOGIT_BIAS_LIMIT = 1e4
+"""A finite ``logit_bias`` value must lie in [-1e4, 1e4] (``-inf`` bans a token); a bias beyond it is
+refused rather than clamped. 1e4 already outweighs any logit a model produces, and keeps
+``logit + bias`` far from float32 overflow."""
+
+MAX_LOGIT_BIAS_ENTRIES = 1 << 18
+"""The most ``logit_bias`` entries one request may give (262,144: the largest vocabulary of the supported
+families). A request's entries are also bounded by its model's vocabulary (ids are unique and < vocab)."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The accepted range of a numeric field; ``lo_open``/``hi_open`` exclude the end."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, v: float) -> bool:
+        return not (
+            (v <= self.lo if self.lo_open else v < self.lo) or (v >= self.hi if self.hi_open else v > self.hi)
+        )
+
+    def __str__(self) -> str:
+        lo_s, hi_s = _number(self.lo), _number(self.hi)
+        return f"{'(' if self.lo_open else '['}{lo_s}, {hi_s}{')' if self.hi_open else ']'}"
+
+
+def _number(v: float) -> str:
+    """``1e-06`` -> ``1e-6``, ``10000.0`` -> ``10000``, ``inf`` -> ``inf``."""
+    return re.sub(r"e([+-])0*(\d)", lambda m: f"e{'-' if m.group(1) == '-' else ''}{m.group(2)}", f"{v:g}")
+
+
+_UP = math.inf
+FIELD_RANGES: dict[str, Interval] = {
+    # Float fields: chosen so that the chain's arithmetic on float32 logits never yields NaN or +inf
+    # (a penalty may still push a logit to -inf, which bans the token). Fields normalised before the
+    # check (temperature < 0 -> 0, top_n_sigma <= 0 -> -1) are checked after normalising.
+    "temperature": Interval(0.0, 1e4),
+    "top_p": Interval(0.0, 1.0, lo_open=True),
+    "min_p": Interval(0.0, 1.0),
+    "typical_p": Interval(0.0, 1.0, lo_open=True),
+    "repeat_penalty": Interval(1e-6, 1e6),
+    "presence_penalty": Interval(-2.0, 2.0),
+    "frequency_penalty": Interval(-2.0, 2.0),
+    "xtc_probability": Interval(0.0, 1.0),
+    "xtc_threshold": Interval(0.0, 1.0),
+    "dry_multiplier": Interval(0.0, 1e4),
+    "dry_base": Interval(1.0, _UP, hi_open=True),
+    "mirostat_tau": Interval(0.0, 1e4),
+    "mirostat_eta": Interval(0.0, 1e4),
+    "dynatemp_range": Interval(0.0, 1e4),
+    "dynatemp_exponent": Interval(0.0, 1e4),
+    # integer fields
+    "repeat_last_n": Interval(-1, _UP, hi_open=True),
+    "dry_allowed_length": Interval(1, _UP, hi_open=True),
+    "dry_penalty_last_n": Interval(-1, _UP, hi_open=True),
+    "min_keep": Interval(0, _UP, hi_open=True),
+    "n_probs": Interval(0, _UP, hi_open=True),
+}
+"""The accepted range of each bounded numeric field (after normalisation); the API schema's
+``minimum``/``maximum`` come from here."""
+
 
 class FrozenLogitBias(Mapping[int, float]):
-    """An immutable, hashable ``{token_id: bias}`` mapping (iterates in token-id order)."""
+    """An immutable, hashable ``{token_id: bias}`` mapping (iterates in token-id order).
 
-    __slots__ = ("_items",)
+    Held as two read-only arrays, :attr:`ids` (int64, ascending) and :attr:`biases` (float64), so the
+    sampler adds every bias in one vectorised step and a lookup is a binary search.
+    """
+
+    __slots__ = ("_biases", "_ids")
 
     def __init__(self, items: Sequence[tuple[int, float]] = ()) -> None:
-        self._items = tuple(sorted(items))
+        pairs = sorted(items)
+        ids = np.fromiter((int(t) for t, _ in pairs), dtype=np.int64, count=len(pairs))
+        biases = np.fromiter((float(b) for _, b in pairs), dtype=np.float64, count=len(pairs))
+        self._init(ids, biases)
+
+    def _init(self, ids: np.ndarray, biases: np.ndarray) -> None:
+        ids.flags.writeable = False
+        biases.flags.writeable = False
+        self._ids = ids
+        self._biases = biases
+
+    @classmethod
+    def from_arrays(cls, ids: np.ndarray, biases: np.ndarray) -> FrozenLogitBias:
+        """From unique token ids and their biases (any order); the arrays are copied."""
+        order = np.argsort(ids, kind="stable")
+        out = cls.__new__(cls)
+        out._init(np.asarray(ids, dtype=np.int64)[order], np.asarray(biases, dtype=np.float64)[order])
+        return out
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Token ids, ascending (read-only int64)."""
+        return self._ids
+
+    @property
+    def biases(self) -> np.ndarray:
+        """The bias of each of :attr:`ids` (read-only float64)."""
+        return self._biases
 
     def __getitem__(self, key: int) -> float:
-        for tok, bias in self._items:
-            if tok == key:
-                return bias
+        i = int(np.searchsorted(self._ids, key)) if isinstance(key, (int, np.integer)) else -1
+        if 0 <= i < self._ids.shape[0] and self._ids[i] == key:
+            return float(self._biases[i])
         raise KeyError(key)
 
     def __iter__(self) -> Iterator[int]:
-        return (tok for tok, _ in self._items)
+        return iter(self._ids.tolist())
 
     def __len__(self) -> int:
-        return len(self._items)
+        return int(self._ids.shape[0])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenLogitBias):
+            return np.array_equal(self._ids, other._ids) and np.array_equal(self._biases, other._biases)
+        return Mapping.__eq__(self, other)
 
     def __hash__(self) -> int:
-        return hash(self._items)
+        return hash((self._ids.tobytes(), self._biases.tobytes()))
 
     def __repr__(self) -> str:
-        return f"FrozenLogitBias({dict(self._items)!r})"
+        return f"FrozenLogitBias({dict(zip(self._ids.tolist(), self._biases.tolist(), strict=True))!r})"
 
 
 def _err(name: str, value: Any, message: str) -> SamplingParamsError:
@@ -139,12 +250,9 @@ def _as_int(name: str, value: Any) -> int:
     raise _err(name, value, "must be an integer")
 
 
-def _in_range(name: str, v: float, lo: float, hi: float, lo_open: bool, hi_open: bool) -> None:
-    bad = (v <= lo if lo_open else v < lo) or (v >= hi if hi_open else v > hi)
-    if bad:
-        lo_s = "-inf" if lo == -math.inf else f"{lo:g}"
-        hi_s = "inf" if hi == math.inf else f"{hi:g}"
-        interval = f"{'(' if lo_open else '['}{lo_s}, {hi_s}{')' if hi_open else ']'}"
+def _in_range(name: str, v: float) -> None:
+    interval = FIELD_RANGES[name]
+    if v not in interval:
         raise _err(name, v, f"must be in {interval}")
 
 
@@ -177,36 +285,57 @@ def _parse_samplers(value: Any) -> tuple[str, ...]:
 
 
 def _parse_logit_bias(value: Any) -> FrozenLogitBias:
+    """Linear in the entries: one pass to check them, then arrays (no per-entry lookups)."""
     name = "logit_bias"
     if value is None:
         return FrozenLogitBias()
     if isinstance(value, FrozenLogitBias):
         return value
     if isinstance(value, Mapping):
-        pairs = list(value.items())
+        n = len(value)
+        pairs: Any = value.items()
     elif isinstance(value, (list, tuple)):
-        pairs = list(value)
+        n = len(value)
+        pairs = value
     else:
         raise _err(name, value, "must be a mapping {token_id: bias} or a list of [token_id, bias] pairs")
-    seen: dict[int, float] = {}
-    for pair in pairs:
+    if n > MAX_LOGIT_BIAS_ENTRIES:
+        raise SamplingParamsError(
+            name,
+            f"<{n} entries>",
+            f"logit_bias has {n} entries; at most {MAX_LOGIT_BIAS_ENTRIES} are accepted.",
+        )
+    ids = np.empty(n, dtype=np.int64)
+    biases = np.empty(n, dtype=np.float64)
+    for i, pair in enumerate(pairs):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise _err(name, value, "entries must be [token_id, bias] pairs")
         tok, bias = pair
-        if isinstance(tok, str) and tok.strip().isdigit():
+        if isinstance(tok, str) and tok.strip().isdigit() and len(tok) < 20:
             tok = int(tok)
-        if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or int(tok) < 0:
+        if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or not 0 <= int(tok) < 1 << 62:
             raise _err(name, value, f"token ids must be integers >= 0 (bad key {tok!r})")
-        tok = int(tok)
         if isinstance(bias, bool) or not isinstance(bias, (int, float, np.integer, np.floating)):
             raise _err(name, value, f"biases must be numbers (bad bias for token {tok})")
         b = float(bias)
-        if math.isnan(b) or b == math.inf:
-            raise _err(name, value, f"biases must be finite or -inf (bad bias for token {tok})")
-        if tok in seen:
-            raise _err(name, value, f"lists token {tok} more than once")
-        seen[tok] = b
-    return FrozenLogitBias(tuple(seen.items()))
+        if b != -math.inf and not -LOGIT_BIAS_LIMIT <= b <= LOGIT_BIAS_LIMIT:
+            raise SamplingParamsError(
+                name,
+                _shown(value),
+                f"logit_bias values must be in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}] or -inf "
+                f"(which bans the token), got {bias!r} for token {tok}.",
+            )
+        ids[i] = int(tok)
+        biases[i] = b
+    unique, counts = np.unique(ids, return_counts=True)
+    if unique.shape[0] != n:
+        raise _err(name, _shown(value), f"lists token {int(unique[np.argmax(counts > 1)])} more than once")
+    return FrozenLogitBias.from_arrays(ids, biases)
+
+
+def _shown(value: Any) -> Any:
+    """``value`` itself, or a short stand-in for a large one (an error message repeats it)."""
+    return value if len(value) <= 8 else f"<{len(value)} entries>"
 
 
 @dataclass(frozen=True)
@@ -216,11 +345,15 @@ class SamplingParams:
     Construction normalises and validates every field eagerly; a bad field raises
     :class:`SamplingParamsError` naming the field, the value and the allowed range. NaN and +-inf are
     rejected in every float field (``-inf`` is allowed only as a ``logit_bias`` value, where it bans
-    the token). Each field's "off" value is given in its docstring; there is exactly one.
+    the token). Each float field's range (:data:`FIELD_RANGES`) keeps the chain's float32 arithmetic
+    free of NaN and +inf for the logits models produce (a stage that still overflows, on logits near
+    float32's limit, ends the step with :class:`NoFiniteLogitsError` naming its setting). Each field's
+    "off" value is given in its docstring; there is exactly one.
     """
 
     temperature: float = 0.8
-    """Softmax temperature. ``0`` = greedy argmax (off); values < 0 are normalised to 0."""
+    """Softmax temperature, at most 1e4. ``0`` = greedy argmax (off); values below 1e-5 (negative ones
+    too) are normalised to 0."""
     top_k: int = 40
     """Keep the k most likely tokens. ``0`` = off; values <= 0 normalise to 0; k >= vocab is a no-op."""
     top_p: float = 0.95
@@ -232,7 +365,7 @@ class SamplingParams:
     top_n_sigma: float = -1.0
     """Keep logits >= max - n * std(logits). ``-1.0`` = off; values <= 0 normalise to -1."""
     repeat_penalty: float = 1.0
-    """Repetition penalty (> 0) on tokens in the last ``repeat_last_n``. ``1.0`` = off."""
+    """Repetition penalty in [1e-6, 1e6] on tokens in the last ``repeat_last_n``. ``1.0`` = off."""
     repeat_last_n: int = 64
     """Window (tokens, prompt included) for the three penalties. ``0`` = off; ``-1`` = whole history."""
     presence_penalty: float = 0.0
@@ -242,14 +375,16 @@ class SamplingParams:
     """Subtracted count-times from the logit of every token in the window, in [-2, 2] as OpenAI
     allows. ``0.0`` = off."""
     logit_bias: Mapping[int, float] = field(default_factory=FrozenLogitBias)
-    """``{token_id: bias}`` added to the raw logits; ``-inf`` bans. A list of pairs is accepted;
-    a token listed twice is an error. Stored as an immutable :class:`FrozenLogitBias`. ``{}`` = off."""
+    """``{token_id: bias}`` added to the raw logits: each bias in [-1e4, 1e4], or ``-inf`` to ban the
+    token (a larger bias is refused, not clamped); at most 262,144 entries. A list of pairs is
+    accepted; a token listed twice is an error. Stored as an immutable :class:`FrozenLogitBias`.
+    ``{}`` = off."""
     xtc_probability: float = 0.0
     """Chance in [0, 1] that XTC removes the top choices at a step. ``0.0`` = off."""
     xtc_threshold: float = 0.1
     """XTC probability threshold in [0, 1]; values > 0.5 make XTC a no-op (as llama.cpp)."""
     dry_multiplier: float = 0.0
-    """DRY penalty multiplier, >= 0. ``0.0`` = off."""
+    """DRY penalty multiplier in [0, 1e4]. ``0.0`` = off."""
     dry_base: float = 1.75
     """DRY exponential base, >= 1."""
     dry_allowed_length: int = 2
@@ -261,14 +396,14 @@ class SamplingParams:
     mirostat: int = 0
     """Mirostat version: ``0`` = off, 1 or 2. When on, ``samplers`` is ignored (as llama.cpp)."""
     mirostat_tau: float = 5.0
-    """Mirostat target surprise (bits), >= 0."""
+    """Mirostat target surprise (bits), in [0, 1e4]."""
     mirostat_eta: float = 0.1
-    """Mirostat learning rate, >= 0."""
+    """Mirostat learning rate, in [0, 1e4]."""
     dynatemp_range: float = 0.0
-    """Dynamic temperature range (>= 0): t in [temperature - range, temperature + range], clamped at
+    """Dynamic temperature range in [0, 1e4]: t in [temperature - range, temperature + range], clamped at
     0; applies only when temperature > 0 (temperature 0 stays greedy). ``0.0`` = off."""
     dynatemp_exponent: float = 1.0
-    """Dynamic temperature exponent on the normalised entropy, >= 0."""
+    """Dynamic temperature exponent on the normalised entropy, in [0, 1e4]."""
     min_keep: int = 0
     """Minimum candidates kept by top_p, min_p, typ_p and xtc (>= 0). ``0`` = off (at least 1 anyway)."""
     seed: int | None = None
@@ -297,36 +432,20 @@ class SamplingParams:
             )
         put(self, "logprobs", self.logprobs or self.n_probs > 0)
 
-        put(self, "temperature", max(self.temperature, 0.0))
+        # below MIN_TEMPERATURE the draw is the argmax: greedy, without the float32 overflow
+        put(self, "temperature", 0.0 if self.temperature < MIN_TEMPERATURE else self.temperature)
         put(self, "top_k", max(self.top_k, 0))
-        _in_range("top_p", self.top_p, 0.0, 1.0, True, False)
-        _in_range("min_p", self.min_p, 0.0, 1.0, False, False)
-        _in_range("typical_p", self.typical_p, 0.0, 1.0, True, False)
         if self.top_n_sigma <= 0.0:
             put(self, "top_n_sigma", -1.0)
-        _in_range("repeat_penalty", self.repeat_penalty, 0.0, math.inf, True, True)
-        _in_range("repeat_last_n", self.repeat_last_n, -1, math.inf, False, True)
-        _in_range("presence_penalty", self.presence_penalty, -2.0, 2.0, False, False)
-        _in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, False, False)
+        for name in FIELD_RANGES:
+            _in_range(name, getattr(self, name))
         put(self, "logit_bias", _parse_logit_bias(self.logit_bias))
-        _in_range("xtc_probability", self.xtc_probability, 0.0, 1.0, False, False)
-        _in_range("xtc_threshold", self.xtc_threshold, 0.0, 1.0, False, False)
-        _in_range("dry_multiplier", self.dry_multiplier, 0.0, math.inf, False, True)
-        _in_range("dry_base", self.dry_base, 1.0, math.inf, False, True)
-        _in_range("dry_allowed_length", self.dry_allowed_length, 1, math.inf, False, True)
-        _in_range("dry_penalty_last_n", self.dry_penalty_last_n, -1, math.inf, False, True)
         breakers = self.dry_sequence_breakers
         if not isinstance(breakers, (list, tuple)) or not all(isinstance(b, str) and b for b in breakers):
             raise _err("dry_sequence_breakers", breakers, "must be a list of non-empty strings")
         put(self, "dry_sequence_breakers", tuple(breakers))
         if self.mirostat not in (0, 1, 2):
             raise _err("mirostat", self.mirostat, "must be 0 (off), 1 or 2")
-        _in_range("mirostat_tau", self.mirostat_tau, 0.0, math.inf, False, True)
-        _in_range("mirostat_eta", self.mirostat_eta, 0.0, math.inf, False, True)
-        _in_range("dynatemp_range", self.dynatemp_range, 0.0, math.inf, False, True)
-        _in_range("dynatemp_exponent", self.dynatemp_exponent, 0.0, math.inf, False, True)
-        _in_range("min_keep", self.min_keep, 0, math.inf, False, True)
-        _in_range("n_probs", self.n_probs, 0, math.inf, False, True)
         if self.seed is not None:
             seed = _as_int("seed", self.seed)
             if seed == -1:
@@ -409,7 +528,8 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise :class:`SamplingParamsError` if ``logit_bias`` names a token outside the vocabulary."""
-        bad = [t for t in self.logit_bias if t >= vocab_size]
+        ids = self.logit_bias.ids if isinstance(self.logit_bias, FrozenLogitBias) else np.zeros(0, np.int64)
+        bad = ids[ids >= vocab_size][:5].tolist()
         if bad:
             raise SamplingParamsError(
                 "logit_bias",

@@ -24,6 +24,8 @@ import math
 
 import numpy as np
 
+from infer.engine.sampling.params import MIN_TEMPERATURE
+
 Cands = tuple[np.ndarray, np.ndarray]
 
 # llama.cpp clamps the DRY exponent so that base**exp stays a finite float32 (log(FLT_MAX)).
@@ -372,7 +374,8 @@ def temperature(c: Cands, temp: float, dyn_range: float = 0.0, dyn_exponent: flo
 
     With ``dyn_range > 0`` the temperature is ``t_min + (t_max - t_min) * (H / log n) ** exponent``
     with ``t_min = max(0, temp - range)``, ``t_max = temp + range``, H the entropy of the
-    candidates. A temperature <= 0 keeps only the best candidate.
+    candidates. A temperature below :data:`MIN_TEMPERATURE` (0 included) keeps only the best
+    candidate: dividing by it could overflow float32, and it describes the argmax anyway.
     """
     ids, logits = c
     if dyn_range > 0.0:
@@ -382,7 +385,7 @@ def temperature(c: Cands, temp: float, dyn_range: float = 0.0, dyn_exponent: flo
         t_min = max(0.0, temp - dyn_range)
         t_max = temp + dyn_range
         temp = t_min + (t_max - t_min) * (entropy(logits) / math.log(n)) ** dyn_exponent
-    if temp <= 0.0:
+    if temp < MIN_TEMPERATURE:
         best = top_indices(ids, logits, 1)
         return _take(ids, logits, best)
     if temp == 1.0:
@@ -404,9 +407,10 @@ def mirostat_v1(c: Cands, mu: float, n_vocab: int) -> Cands:
     t = np.log((i + 2.0) / (i + 1.0))
     b = x[:m] - x[1 : m + 1]  # log(p_i / p_{i+1})
     with np.errstate(all="ignore"):
-        s_hat = float(np.sum(t * b) / np.sum(t * t))
+        # numpy scalars, not Python floats: an overflow gives inf (then k = n), never OverflowError
+        s_hat = np.float64(np.sum(t * b) / np.sum(t * t))
         eps = s_hat - 1.0
-        k = (eps * 2.0**mu / (1.0 - float(n_vocab) ** (-eps))) ** (1.0 / s_hat)
+        k = (eps * np.float64(2.0) ** mu / (1.0 - np.float64(n_vocab) ** (-eps))) ** (1.0 / s_hat)
     k_int = n if not np.isfinite(k) else int(min(max(k, 1.0), float(n)))
     return top_k(c, k_int)
 

@@ -1,22 +1,19 @@
 """Chat templates: render a model's Jinja2 chat template the way Hugging Face transformers does.
 
-Templates come from model files, so they run in Jinja2's immutable sandbox. The environment mirrors
-transformers' `apply_chat_template` (trim_blocks, lstrip_blocks, loop controls, `raise_exception`,
-a `tojson` that keeps non-ASCII text, `strftime_now`) so templates written for it render identically.
+Templates come from model files and are hostile input, so they render in a worker process
+(:mod:`infer.engine.text.sandbox`) with a wall-clock, memory, output and recursion limit, inside
+Jinja2's immutable sandbox. The environment mirrors transformers' `apply_chat_template`
+(trim_blocks, lstrip_blocks, loop controls, `raise_exception`, a `tojson` that keeps non-ASCII text,
+`strftime_now`) so templates written for it render identically.
 """
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
-from functools import lru_cache
-from typing import Any, NoReturn
+from typing import Any
 
-import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from infer.engine.text.sandbox import TemplateSandbox, TemplateSandboxError, default_sandbox
 
-__all__ = ["CHATML_TEMPLATE", "VALID_ROLES", "ChatTemplateError", "render_chat"]
+__all__ = ["CHATML_TEMPLATE", "INVALID_CHAT_TEMPLATE", "VALID_ROLES", "ChatTemplateError", "render_chat"]
 
 VALID_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
@@ -28,44 +25,20 @@ CHATML_TEMPLATE = (
 )
 """ChatML, used when a model ships no chat template."""
 
+INVALID_CHAT_TEMPLATE = "invalid_chat_template"
+"""`ChatTemplateError.code` of a failure in the template itself (not in the messages)."""
+
 
 class ChatTemplateError(Exception):
-    """The chat template does not parse or fails to render, or the messages are malformed."""
+    """The chat template does not parse or fails to render, or the messages are malformed.
 
+    ``code`` is :data:`INVALID_CHAT_TEMPLATE` when the template failed (a syntax error, a limit,
+    ``raise_exception``), None when the messages were malformed before rendering.
+    """
 
-def _raise_exception(message: str) -> NoReturn:
-    # Templates call this to reject conversations they cannot express (e.g. roles out of order).
-    raise ChatTemplateError(f"chat template rejected the messages: {message}")
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:  # fmt: skip
-    # Same signature and defaults as transformers' filter; Jinja's own tojson escapes HTML characters.
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _strftime_now(format: str) -> str:
-    return datetime.now().strftime(format)
-
-
-@lru_cache(maxsize=1)
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
-@lru_cache(maxsize=16)
-def _compile(template: str) -> jinja2.Template:
-    # Compiling is the slow part, and a server renders the same few templates for every request.
-    try:
-        return _environment().from_string(template)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ChatTemplateError(f"chat template does not parse (line {exc.lineno}): {exc.message}") from exc
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _normalize_messages(messages: Any) -> list[dict[str, Any]]:
@@ -114,28 +87,27 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    sandbox: TemplateSandbox | None = None,
     **extra: Any,
 ) -> str:
     """Render `messages` with a Jinja2 chat `template` into the prompt text.
 
     add_generation_prompt: end with the header of an assistant turn, so the model answers.
     bos_token/eos_token: the model's token texts, for templates that spell them out.
-    extra: further template variables (tools, documents, enable_thinking, ...).
-    Raises ChatTemplateError for malformed messages (naming the message index) or a failing template.
+    sandbox: the worker to render in (default: the process's shared one).
+    extra: further template variables (tools, documents, enable_thinking, ...), as JSON data.
+    Raises ChatTemplateError for malformed messages (naming the message index) or a failing template
+    (one line, `code` INVALID_CHAT_TEMPLATE).
     """
     checked = _normalize_messages(messages)
-    compiled = _compile(template)
+    context = {
+        "messages": checked,
+        "add_generation_prompt": add_generation_prompt,
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        **extra,
+    }
     try:
-        return compiled.render(
-            messages=checked,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            **extra,
-        )
-    except ChatTemplateError:
-        raise
-    except jinja2.TemplateError as exc:  # undefined variables, sandbox violations
-        raise ChatTemplateError(f"chat template failed to render: {exc}") from exc
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-        raise ChatTemplateError(f"chat template failed to render: {type(exc).__name__}: {exc}") from exc
+        return (sandbox or default_sandbox()).render(template, context)
+    except TemplateSandboxError as exc:
+        raise ChatTemplateError(str(exc), INVALID_CHAT_TEMPLATE) from None

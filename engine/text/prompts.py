@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from infer.engine.text.chat import CHATML_TEMPLATE, render_chat
+from infer.engine.text.sandbox import TemplateSandbox
 from infer.engine.text.tokenizer import Tokenizer
 
 
@@ -13,11 +14,14 @@ def chat_template_of(tokenizer: Tokenizer) -> str:
     return tokenizer.chat_template or CHATML_TEMPLATE
 
 
-def render_messages(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> str:
-    """Render chat messages with the model's template, generation prompt on."""
+def render_messages(
+    tokenizer: Tokenizer, messages: list[dict[str, Any]], sandbox: TemplateSandbox | None = None
+) -> str:
+    """Render chat messages with the model's template, generation prompt on (in `sandbox`, or the
+    process's shared one)."""
     bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
     eos = tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else ""
-    return render_chat(chat_template_of(tokenizer), messages, bos_token=bos, eos_token=eos)
+    return render_chat(chat_template_of(tokenizer), messages, bos_token=bos, eos_token=eos, sandbox=sandbox)
 
 
 def prompt_ids(
@@ -27,6 +31,7 @@ def prompt_ids(
     messages: list[dict[str, Any]] | None = None,
     chat: bool = False,
     parse_special: bool = True,
+    sandbox: TemplateSandbox | None = None,
 ) -> list[int]:
     """Token ids for a raw prompt, a prompt wrapped as one user message (`chat`), or chat messages.
 
@@ -36,7 +41,7 @@ def prompt_ids(
     if messages is None and chat:
         messages = [{"role": "user", "content": prompt or ""}]
     if messages is not None:
-        text = render_messages(tokenizer, messages)
+        text = render_messages(tokenizer, messages, sandbox)
         ids = tokenizer.encode(text, parse_special=True, add_bos=False)
         if tokenizer.add_bos and tokenizer.bos_id is not None and (not ids or ids[0] != tokenizer.bos_id):
             ids.insert(0, tokenizer.bos_id)
