@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from infer.cli.serve.app import create_app
 from infer.cli.serve.sse import dumps, json_safe
 from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
+from infer.engine.runtime.request import Request
 from infer.profiles.settings import Settings, resolve_settings
 
 CHAT = "/v1/chat/completions"
@@ -232,3 +233,24 @@ def test_a_model_it_does_not_serve_is_404_and_aliases_are_served(engine: Engine,
             error["code"] == "model_not_found" and error["param"] == "model" and "gpt-4" in error["message"]
         )
     assert client.get("/v1/models/gpt-4").json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.real_model
+def test_a_full_queue_is_shed_with_503_and_retry_after(default_model_path: Path, settings: Settings) -> None:
+    """max_queue: beyond it a request gets 503 `server_overloaded` with Retry-After (not an unbounded
+    queue), /health shows the queue and the KV slots, and the queued request still completes."""
+    engine = load_engine(default_model_path, EngineConfig(ctx_size=256, max_num_seqs=1, max_queue=1))
+    try:
+        client = TestClient(create_app(engine, settings, model_id="m"))  # no lifespan: nothing steps
+        queued = engine.submit(Request(prompt_ids=(1, 2, 3), max_tokens=2))
+        health = client.get("/health").json()
+        assert (health["waiting_sequences"], health["max_queue"]) == (1, 1)
+        assert (health["kv_slots_used"], health["kv_slots_total"]) == (0, 1)
+        shed = client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 1})
+        assert shed.status_code == 503, shed.text
+        assert shed.json()["error"]["code"] == "server_overloaded"
+        assert int(shed.headers["retry-after"]) >= 1
+        assert len(queued.result().token_ids) == 2
+        assert client.get("/health").json()["waiting_sequences"] == 0
+    finally:
+        engine.shutdown()

@@ -122,11 +122,16 @@ def create_app(
     @app.get("/health")
     async def health() -> JSONResponse:
         """Liveness and load: 200 while admitting (503 once shutting down); `active_sequences` is what the
-        engine still holds (queued or with a KV slot)."""
+        engine still holds (queued or with a KV slot), `waiting_sequences` the queue that `max_queue`
+        bounds, `kv_slots_used` of `kv_slots_total` the KV cache in use."""
         body = {
             "status": "ok" if ctx.bridge.admitting else "shutting_down",
             "model": ctx.model_id,
             "active_sequences": engine.active_sequences,
+            "waiting_sequences": engine.waiting_sequences,
+            "max_queue": engine.config.max_queue,
+            "kv_slots_used": engine.cache.num_slots - engine.cache.free_slots,
+            "kv_slots_total": engine.cache.num_slots,
             "in_flight": ctx.bridge.in_flight,
         }
         if ctx.bridge.admitting:

@@ -18,7 +18,7 @@ from fastapi import Request as HTTPRequest
 from infer.cli.serve.errors import SERVER_ERROR, APIError
 from infer.engine.runtime.engine import Engine
 from infer.engine.runtime.events import DoneEvent, Event
-from infer.engine.runtime.request import Request
+from infer.engine.runtime.request import EngineBusy, Request
 from infer.engine.runtime.stream import RequestStream
 
 T = TypeVar("T")
@@ -51,7 +51,8 @@ class EngineBridge:
     def submit(self, requests: Sequence[Request]) -> list[RequestStream]:
         """Submit every request (all or none: a RequestError on one cancels the ones before it).
 
-        Raises APIError 503 once shutdown has begun, and lets `RequestError` through for the route.
+        Raises APIError 503 once shutdown has begun or when the engine's waiting queue is full
+        (`max_queue`, with Retry-After), and lets `RequestError` through for the route.
         """
         if not self.admitting:
             raise APIError(
@@ -65,9 +66,17 @@ class EngineBridge:
         try:
             for request in requests:
                 streams.append(self.engine.submit(request))
-        except BaseException:
+        except BaseException as exc:
             for stream in streams:
                 stream.cancel()
+            if isinstance(exc, EngineBusy):  # load shed: the queue is full, not the request wrong
+                raise APIError(
+                    f"the server is overloaded: {exc}",
+                    status=503,
+                    type=SERVER_ERROR,
+                    code="server_overloaded",
+                    headers={"Retry-After": str(exc.retry_after_s)},
+                ) from None
             raise
         self._in_flight.update(streams)
         return streams

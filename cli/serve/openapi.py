@@ -128,6 +128,10 @@ class Health(_Open):
     status: str
     model: str
     active_sequences: int
+    waiting_sequences: int
+    max_queue: int
+    kv_slots_used: int
+    kv_slots_total: int
     in_flight: int
 
 
