@@ -26,6 +26,7 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("infer.engine.loader", ("infer.engine.runtime",), ()),
     ("infer.engine.sampling", ("infer.engine.runtime", "infer.engine.models", "infer.engine.backends"), ()),
     ("infer.engine.text", ("infer.engine.runtime", "infer.engine.models", "infer.engine.sampling"), ()),
+    ("infer.engine.speculative", ("infer.engine.runtime",), ()),
 )
 """Who may not import what."""
 

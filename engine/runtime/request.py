@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infer.engine.sampling import SamplingParams, resolve_seed
+from infer.engine.speculative.config import SpecConfig
 
 _SEED_LIMIT = 1 << 64
 
@@ -43,6 +44,9 @@ class Request:
     """The seed of this request's draws, an int once the request exists: None takes `sampling.seed`,
     or a fresh random seed when that is None too. Resolved here, once; the engine draws with it and
     reports it (`DoneEvent.seed`) so the run can be repeated."""
+    spec: SpecConfig | None = None
+    """Speculative decoding for this request (None = off). Changes speed only: the tokens are those
+    of plain decoding whatever it says."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -60,5 +64,5 @@ class Request:
 
 FaultHook = Callable[[str, str, int], None]
 """Test-only: called as (request_id, phase, index) before each step of a request, phase "prefill"
-(index = chunk number) or "decode" (index = decode step = number of tokens already generated);
-raising makes that step fail exactly as a real failure would."""
+(index = chunk number), "decode" or "verify" (a decode step carrying drafts; index = number of
+tokens already generated); raising makes that step fail exactly as a real failure would."""
