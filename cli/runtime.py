@@ -95,7 +95,8 @@ def use_kernel_cache() -> None:
 
 
 def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engine:
-    """Choose the backend (one stderr notice on fallback), pin BLAS threads, load the model.
+    """Choose the backend (one stderr notice on fallback), pin BLAS threads, load the model (and the
+    draft model of speculative method draft_model).
 
     Any problem is one line on stderr and exit code 2.
     """
@@ -119,13 +120,16 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
     elif settings.threads:
         threadpool_limits(limits=settings.threads, user_api="blas")
     path = resolve_model_path(settings.model)
+    draft = resolve_model_path(settings.spec_draft_model) if settings.spec_method == "draft_model" else None
     config = engine_config(settings)
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
     _keep_stdout_clean()
     try:
-        engine = load_engine(path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels)
-    except ModelLoadError as exc:
+        engine = load_engine(
+            path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels, draft_model=draft
+        )
+    except ModelLoadError as exc:  # DraftModelError too: a draft model with another tokenizer
         fail(str(exc))
     float_copies = sorted(getattr(engine.model, "float_copies", ()))
     if float_copies:

@@ -9,6 +9,8 @@
   the `n_predict` setting, where -1 = until end of sequence or context (0 too, as before).
 - seed: `seed` when given (choice i of an API request), else the sampler's seed, else a fresh random
   one: `Request` resolves it once, when it is made, and the engine draws with it and reports it.
+- speculation: the `speculative.*` settings as a `SpecConfig` (None for method none); a caller with
+  per-request fields (an API body) passes the one it built with `spec_config(settings, overrides)`.
 
 It lives in `profiles/` because it turns resolved settings into an engine request: it reads
 `Settings` and builds the engine's `Request` (`cli -> profiles -> engine`), so both the CLI and the
@@ -17,12 +19,28 @@ server (`cli/serve/`) call it and the engine never sees `Settings`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 from infer.engine.runtime.request import Request
 from infer.engine.sampling import SamplingParams
+from infer.engine.speculative import SpecConfig
 from infer.profiles.settings import Settings
+
+FROM_SETTINGS: Literal["settings"] = "settings"
+"""`build_request(spec=...)`'s default: the speculation the settings ask for."""
+
+
+def spec_config(settings: Settings, overrides: Mapping[str, Any] | None = None) -> SpecConfig | None:
+    """The `SpecConfig` of the `speculative.*` settings with `overrides` (profile keys: `method`,
+    `num_tokens`, ...) on top; None when the method is none. Raises `SpecConfigError` (with
+    `.parameter`) for an out-of-range combination."""
+    values = {**settings.section("speculative"), **(overrides or {})}
+    method = values.pop("method")
+    if method == "none":
+        return None
+    values.pop("draft_model", None)  # the engine loaded it; a request only chooses the method
+    return SpecConfig(method, **values)
 
 
 def max_tokens_for(n_predict: int) -> int | None:
@@ -41,12 +59,14 @@ def build_request(
     ignore_eos: bool = False,
     seed: int | None = None,
     request_id: str | None = None,
+    spec: SpecConfig | None | Literal["settings"] = FROM_SETTINGS,
 ) -> Request:
     """The engine `Request` for `prompt_ids` under resolved `settings` (see the module docstring).
 
     `sampling` replaces the settings' sampler (per-request fields on top of it, built by the caller);
     `max_tokens` None = the `n_predict` setting; `seed` None = the sampler's seed or a random one;
-    `request_id` None = a fresh id. Raises `RequestError` (a ValueError) for a bad limit or prompt.
+    `request_id` None = a fresh id; `spec` (default: from the settings) None = no speculation.
+    Raises `RequestError` (a ValueError) for a bad limit or prompt.
     """
     extra: dict[str, Any] = {} if request_id is None else {"request_id": request_id}
     return Request(
@@ -56,8 +76,9 @@ def build_request(
         stop=tuple(stop),
         ignore_eos=ignore_eos,
         seed=seed,
+        spec=spec_config(settings) if spec == FROM_SETTINGS else spec,
         **extra,
     )
 
 
-__all__ = ["build_request", "max_tokens_for"]
+__all__ = ["FROM_SETTINGS", "build_request", "max_tokens_for", "spec_config"]
