@@ -59,7 +59,7 @@ def build_request(
     ignore_eos: bool = False,
     seed: int | None = None,
     request_id: str | None = None,
-    spec: SpecConfig | None | Literal["settings"] = FROM_SETTINGS,
+    spec: SpecConfig | Literal["settings"] | None = FROM_SETTINGS,
 ) -> Request:
     """The engine `Request` for `prompt_ids` under resolved `settings` (see the module docstring).
 

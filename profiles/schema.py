@@ -93,7 +93,9 @@ class SpeculativeSection(_Section):
         "draft_model (a smaller model with the same tokenizer). Tokens are those of none either way.",
     )
     num_tokens: int = Field(
-        5, ge=1, description="Most tokens drafted per step (llama.cpp --draft-max); the length adapts below it."
+        5,
+        ge=1,
+        description="Most tokens drafted per step (llama.cpp --draft-max); the length adapts below it.",
     )
     draft_min: int = Field(
         0, ge=0, description="Drafts shorter than this are dropped, not verified (llama.cpp --draft-min)."
