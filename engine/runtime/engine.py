@@ -227,6 +227,7 @@ class Engine:
             spec, length = seq.request.spec, seq.draft_length
             if spec is None or length is None or seq.in_prefill or seq.is_finished:
                 continue
+            seq.draft_ids = []  # drafts left from a step that did not schedule the sequence: ask again
             k = min(length.next_length(), self._draft_room(seq))
             if k <= 0 or not self._hook_allows(seq, "draft", len(seq.generated)):
                 continue
