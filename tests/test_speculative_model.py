@@ -20,7 +20,7 @@ from infer.engine.speculative import SpecConfig
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
-N_TOKENS = 20
+N_TOKENS = 16
 PROMPTS = (
     "List the colours red, green, blue, red, green, blue, red,",
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
