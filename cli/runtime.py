@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -125,12 +127,18 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
     _keep_stdout_clean()
-    try:
-        engine = load_engine(
-            path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels, draft_model=draft
-        )
-    except ModelLoadError as exc:  # DraftModelError too: a draft model with another tokenizer
-        fail(str(exc))
+    with _compile_notice(settings.cpu_kernels != "blas" and choice.selected == "cpu"):
+        try:
+            engine = load_engine(
+                path,
+                config,
+                choice.selected,
+                choice.dtype,
+                cpu_kernels=settings.cpu_kernels,
+                draft_model=draft,
+            )
+        except ModelLoadError as exc:  # DraftModelError too: a draft model with another tokenizer
+            fail(str(exc))
     float_copies = sorted(getattr(engine.model, "float_copies", ()))
     if float_copies:
         print(
@@ -140,6 +148,25 @@ def open_engine(settings: Settings, *, max_num_seqs: int | None = None) -> Engin
             flush=True,
         )
     return engine
+
+
+@contextmanager
+def _compile_notice(kernels: bool) -> Iterator[None]:
+    """When loading compiles CPU kernels (the first run on a machine, or after an upgrade), say so
+    on stderr before the wait and give its length after; runs that load them from numba's cache
+    say nothing."""
+    if not kernels:
+        yield
+        return
+    from infer.engine.backends.cpu_kernels.compile_watch import watch_compiles
+
+    def starting() -> None:
+        print("infer: compiling CPU kernels, once (later runs load them from a cache)...", file=sys.stderr)
+
+    with watch_compiles(on_first=starting) as report:
+        yield
+    if report.kernels:
+        print(f"infer: compiling CPU kernels, once: {report.seconds:.1f} s", file=sys.stderr, flush=True)
 
 
 def _keep_stdout_clean() -> None:

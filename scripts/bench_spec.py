@@ -195,11 +195,12 @@ def main() -> None:
         print(json.dumps({**header, "results": rows}, indent=2))
         return
     print(f"profile {header['profile']}, speculation {header['spec']}, n_predict {args.n_predict}")
-    print(f"{'task':<16} {'tokens':>6} {'off t/s':>8} {'on t/s':>8} {'ratio':>6} {'accept':>7} {'mean len':>8}")
+    titles = ("tokens", "off t/s", "on t/s", "ratio", "accept", "mean len")
+    print(f"{'task':<16} " + " ".join(f"{t:>8}" for t in titles))
     for r in rows:
         print(
-            f"{r['task']:<16} {r['tokens']:>6} {r['off_tok_s']:>8.2f} {r['on_tok_s']:>8.2f} "
-            f"{r['ratio']:>6.2f} {r['acceptance_rate']:>7.0%} {r['mean_accepted_length']:>8.2f}"
+            f"{r['task']:<16} {r['tokens']:>8} {r['off_tok_s']:>8.2f} {r['on_tok_s']:>8.2f} "
+            f"{r['ratio']:>8.2f} {r['acceptance_rate']:>8.0%} {r['mean_accepted_length']:>8.2f}"
         )
 
 

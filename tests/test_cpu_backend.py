@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import mmap
+import sys
+
 import numpy as np
 import pytest
 
 from infer.engine.backends.cpu import CpuBackend
+from infer.engine.backends.kv_cache import KVCache
 
 BACKEND = CpuBackend()
 
@@ -99,3 +103,29 @@ def test_zeros_start_on_a_cache_line(shape: tuple[int, ...]) -> None:
         assert array.ctypes.data % 64 == 0
         assert array.shape == shape and array.dtype == np.float32 and array.flags.c_contiguous
         assert not array.any()
+
+
+def _resident_bytes() -> int:
+    """This process's resident set (Linux /proc), in bytes."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * mmap.PAGESIZE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_a_released_cache_slot_gives_its_memory_back() -> None:
+    """Writing a slot commits its pages; releasing it returns them (RSS falls back) and the slot
+    reads as zeros; the other slot keeps its data."""
+    cache = KVCache.allocate(CpuBackend(), layers=4, slots=2, kv_heads=2, capacity=4096, head_dim=128)
+    per_slot = cache.keys[:, 0].nbytes * 2  # keys and values: 16 MiB
+    idle = _resident_bytes()
+    a, b = cache.acquire(), cache.acquire()
+    assert (a, b) == (0, 1)
+    cache.keys[:, b] = 1.0
+    cache.values[:, b] = 2.0
+    cache.keys[:, a, :, :16] = 3.0
+    written = _resident_bytes()
+    assert written - idle > 0.9 * per_slot
+    cache.release(b)
+    assert written - _resident_bytes() > 0.9 * per_slot
+    assert not cache.keys[:, b].any() and not cache.values[:, b].any()
+    assert (cache.keys[:, a, :, :16] == 3.0).all() and not cache.keys[:, a, :, 16:].any()

@@ -5,6 +5,8 @@ quantization == llama.cpp's Q8_0, and every feature path."""
 
 from __future__ import annotations
 
+import re
+
 import numba
 import numpy as np
 import pytest
@@ -12,6 +14,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from infer.engine.backends.cpu_kernels import KERNELS, cpu_features, legacy, quantize_activations, simd_int8
+
+pytest_plugins = ["conftest_synthetic"]  # tiny_gguf
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0", "F16", "BF16", "F32")
 INT8_TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -234,3 +238,50 @@ def test_float_rows_of_any_width(type_name) -> None:
     KERNELS[type_name].matmul_exact(blocks, x, out)
     ref = x.astype(np.float64) @ dequantized(type_name, blocks).astype(np.float64).T
     assert relative_error(out, ref) <= 1e-5
+
+
+def test_watch_compiles_sees_a_compilation_and_not_a_second_call() -> None:
+    """The compile watch counts a real compilation (and announces it once, before it starts) and
+    stays silent when the kernel is already compiled."""
+    from infer.engine.backends.cpu_kernels.compile_watch import watch_compiles
+
+    @numba.njit(cache=False)
+    def add_one(x):  # a fresh function: numba must compile it
+        return x + 1
+
+    announced: list[str] = []
+    with watch_compiles(on_first=lambda: announced.append("start")) as first:
+        assert add_one(1) == 2
+        assert add_one(2.5) == 3.5  # a second signature: a second compilation
+    assert (first.kernels, announced) == (2, ["start"])
+    assert first.seconds > 0
+    with watch_compiles(on_first=lambda: announced.append("again")) as second:
+        assert add_one(3) == 4
+    assert (second.kernels, second.seconds, announced) == (0, 0.0, ["start"])
+
+
+@pytest.mark.slow
+def test_first_run_says_it_compiles_the_kernels_and_later_runs_do_not(tmp_path, tiny_gguf) -> None:
+    """An empty kernel cache: the first `generate` says on stderr that it compiles, with the time;
+    the second loads from the cache and says nothing about it. Both print the same text."""
+    from cli_process import infer_cli
+
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba"), "INFER_HOME": str(tmp_path / "home")}
+    args = (
+        "generate",
+        "--model",
+        str(tiny_gguf),
+        "--raw",
+        "-n",
+        "4",
+        "--seed",
+        "3",
+        "--cpu-kernels",
+        "exact",
+    )
+    first = infer_cli(*args, "hello", env=env)
+    second = infer_cli(*args, "hello", env=env)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert re.search(r"compiling CPU kernels, once: \d+\.\d s", first.stderr), first.stderr
+    assert "compiling" not in second.stderr, second.stderr
+    assert first.stdout == second.stdout

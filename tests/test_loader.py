@@ -490,3 +490,33 @@ def test_cli_runs_the_good_tiny_model(tiny_model: TinyModel, tmp_path: Path) -> 
     assert "Traceback" not in result.stderr
     output = json.loads(result.stdout)
     assert output["completion_tokens"] == 2 and output["finish_reason"] == "length", output
+
+
+def test_fast_metadata_reader_equals_the_gguf_package(tmp_path: Path) -> None:
+    """The loader's one-pass array parsing gives exactly the `gguf` package's metadata: strings
+    (empty, multi-byte), every scalar array type, a nested array, and the tensor table after them."""
+    import gguf
+
+    from infer.engine.loader.gguf import _PlainArrayReader, read_metadata
+
+    path = tmp_path / "arrays.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("t.strings", ["", "a", "héllo ▁wörld", "x" * 300])
+    writer.add_array("t.ints", [1, -2, 3])
+    writer.add_array("t.floats", [0.5, -1.25])
+    writer.add_array("t.bools", [True, False, True])
+    writer.add_array("t.nested", [[1, 2], [3]])
+    writer.add_array("t.empty", [])
+    writer.add_string("t.after", "still aligned")
+    writer.add_tensor("w", np.arange(6, dtype=np.float32).reshape(2, 3))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    fast, package = _PlainArrayReader(path), GGUFReader(path)
+    assert read_metadata(fast) == read_metadata(package)
+    assert read_metadata(fast)["t.strings"] == ["", "a", "héllo ▁wörld", "x" * 300]
+    assert [(t.name, t.data_offset, t.data.tolist()) for t in fast.tensors] == [
+        (t.name, t.data_offset, t.data.tolist()) for t in package.tensors
+    ]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
-from collections.abc import Mapping, Sequence
+import mmap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -15,8 +17,35 @@ from infer.engine.backends.cpu_kernels.registry import QuantKernels
 from infer.engine.backends.errors import BackendError
 from infer.engine.backends.kv_cache import KVCache
 
-_CACHE_LINE = 64
-"""Bytes per cache line on x86-64."""
+_PAGE = mmap.PAGESIZE
+
+
+def _madvise_dontneed() -> Callable[[int, int], None]:
+    """madvise(addr, length, MADV_DONTNEED) through libc, or a no-op where there is none."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.madvise
+    except (OSError, AttributeError):
+        call = None
+    if call is None or advice is None:
+        return lambda address, length: None
+    call.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return lambda address, length: call(address, length, advice)
+
+
+_madvise = _madvise_dontneed()
+
+
+def _contiguous_runs(array: np.ndarray) -> list[tuple[int, int]]:
+    """(address, bytes) of each contiguous run of `array`'s memory: the array itself when it is
+    contiguous, else one run per index of its leading axes (down to the contiguous trailing part)."""
+    if array.size == 0:
+        return []
+    if array.flags.c_contiguous:
+        return [(array.ctypes.data, array.nbytes)]
+    return [run for sub in array for run in _contiguous_runs(sub)]
+
 
 _VOCAB_CHUNK = 4096
 """Rows of the embedding table per vocabulary-projection matmul (see CpuBackend.logits)."""
@@ -163,13 +192,28 @@ class CpuBackend:
         return array
 
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
-        """Zeros starting on a cache line (malloc gives 16-byte alignment, so a 256-byte key row would
-        straddle 5 lines instead of 4: decode attention reads 5 % slower). np.zeros maps fresh zero
-        pages, so untouched cache memory costs no RSS."""
+        """Zeros in fresh anonymous pages, committed only as they are written, so untouched cache
+        memory costs no RSS. Page-aligned, so rows start on a cache line (with malloc's 16-byte
+        alignment a 256-byte key row straddles 5 lines instead of 4: decode attention reads 5 %
+        slower). Transparent huge pages are declined: numpy asks for them on large arrays, and with
+        2 MB pages the first position written in each (layer, slot, head) run commits 2 MB, so a
+        short generation on a 4096-position cache held ~360 MB of zeros."""
         count = math.prod(shape)
-        buffer = np.zeros(count + _CACHE_LINE // 4, dtype=np.float32)
-        start = (-buffer.ctypes.data % _CACHE_LINE) // 4
-        return buffer[start : start + count].reshape(shape)
+        region = mmap.mmap(-1, max(count * 4, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            region.madvise(mmap.MADV_NOHUGEPAGE)
+        return np.frombuffer(region, dtype=np.float32, count=count).reshape(shape)
+
+    def discard(self, array: np.ndarray) -> None:
+        """Give the whole pages under `array` (a view into a `zeros` array) back to the kernel with
+        madvise(MADV_DONTNEED); they read as zeros afterwards and cost no RSS until written again.
+        Each contiguous run of the view is handled separately; partial pages at a run's ends stay."""
+        runs = _contiguous_runs(array)
+        for start, nbytes in runs:
+            first = -(-start // _PAGE) * _PAGE
+            last = (start + nbytes) // _PAGE * _PAGE
+            if last > first:
+                _madvise(first, last - first)
 
     def embed(self, table: DenseWeight | BlockWeight, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` of the table. With BLAS the residual stream is kept column-major, the layout

@@ -6,6 +6,7 @@ loop's sequence position (the one position counter), which reaches the model thr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -13,10 +14,15 @@ from infer.engine.backends.arrays import Array
 
 
 class _Allocator(Protocol):
-    """The one Backend method the cache needs (named here so the protocol module need not be imported)."""
+    """The Backend methods the cache needs (named here so the protocol module need not be imported)."""
 
     def zeros(self, shape: tuple[int, ...]) -> Array:
         """A zero-filled array in the compute dtype."""
+        ...
+
+    def discard(self, array: Array) -> None:
+        """Hand the memory behind `array` (a view of a `zeros` array) back to the system; its
+        contents are undefined afterwards (zeros on the CPU)."""
         ...
 
 
@@ -24,16 +30,18 @@ class _Allocator(Protocol):
 class KVCache:
     """Keys and values for every layer and slot: arrays [layers, slots, kv_heads, capacity, head_dim].
 
-    The arrays are allocated once, by the backend. On the CPU backend np.zeros maps zero pages lazily,
-    so a slot only costs memory for the pages it has written; numpy asks for transparent huge pages
-    on arrays this large, so where THP is on those pages are 2 MB and a few positions of every slot
-    commit most of the cache. Only the backend reads or writes them (`write_kv`, `attention`).
+    The arrays are allocated once, by the backend. The CPU backend maps anonymous zero pages lazily
+    (4 KB pages, transparent huge pages declined), so a slot only costs memory for the positions it
+    has written. Only the backend reads or writes them (`write_kv`, `attention`).
     """
 
     keys: Array
     values: Array
     capacity: int
     """Positions per slot (the context size)."""
+    discard: Callable[[Array], None] | None = None
+    """Returns a released slot's memory to the system (the backend's `discard`), so resident memory
+    follows the sequences in use instead of the most ever held at once."""
     _free: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -45,7 +53,7 @@ class KVCache:
     ) -> KVCache:
         """A cache with `slots` sequences of up to `capacity` positions each."""
         shape = (layers, slots, kv_heads, capacity, head_dim)
-        return cls(backend.zeros(shape), backend.zeros(shape), capacity)
+        return cls(backend.zeros(shape), backend.zeros(shape), capacity, getattr(backend, "discard", None))
 
     @property
     def num_slots(self) -> int:
@@ -67,5 +75,8 @@ class KVCache:
         """Give a slot back at once (finished, cancelled or failed sequence)."""
         if slot in self._free:
             return
+        if self.discard is not None:
+            self.discard(self.keys[:, slot])
+            self.discard(self.values[:, slot])
         self._free.append(slot)
         self._free.sort(reverse=True)

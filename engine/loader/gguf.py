@@ -6,11 +6,12 @@ The loader reads metadata and tensors only; the family registered for the file's
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize
 
 from infer.engine.models import family_for_gguf
@@ -20,6 +21,10 @@ SUPPORTED_TYPES = frozenset(
     GGMLQuantizationType[name]
     for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 )
+
+
+_U64 = struct.Struct("<Q")
+"""A little-endian uint64 (a GGUF string's length prefix)."""
 
 
 class _PlainArrayReader(GGUFReader):
@@ -39,6 +44,45 @@ class _PlainArrayReader(GGUFReader):
     @data.setter
     def data(self, value: np.ndarray) -> None:
         self._plain = value.view(np.ndarray)
+
+    def _get_field_parts(
+        self, orig_offs: int, raw_type: int
+    ) -> tuple[int, list[np.ndarray], list[int], list[GGUFValueType]]:
+        """Arrays of scalars or strings in one pass instead of one recursive call per element.
+
+        The package parses a 49k-entry vocabulary element by element (two numpy views and an enum per
+        entry: most of a warm start). A scalar array becomes one part holding every value (what
+        `ReaderField.contents()` flattens anyway); a string array one byte view per string, its
+        offsets walked with `struct`. Nested arrays and byte-swapped files take the package's path.
+        """
+        if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
+            return super()._get_field_parts(orig_offs, raw_type)
+        raw_itype = self._get(orig_offs, np.uint32)
+        count_part = self._get(orig_offs + 4, np.uint64)
+        item_type, count = GGUFValueType(int(raw_itype[0])), int(count_part[0])
+        offs = orig_offs + 12
+        scalar = self.gguf_scalar_to_np.get(item_type)
+        if scalar is not None:
+            values = self._get(offs, scalar, count)
+            if len(values) != count:
+                raise ValueError(f"array of {count} {item_type.name} runs past the end of the file")
+            return (
+                12 + int(values.nbytes),
+                [raw_itype, count_part, values],
+                [2],
+                [GGUFValueType.ARRAY, item_type],
+            )
+        if item_type != GGUFValueType.STRING:
+            return super()._get_field_parts(orig_offs, raw_type)
+        data, view = self._plain, memoryview(self._plain)
+        parts: list[np.ndarray] = [raw_itype, count_part]
+        for _ in range(count):
+            (length,) = _U64.unpack_from(view, offs)
+            if offs + 8 + length > len(data):
+                raise ValueError("string runs past the end of the file")
+            parts.append(data[offs + 8 : offs + 8 + length])
+            offs += 8 + length
+        return offs - orig_offs, parts, list(range(2, count + 2)), [GGUFValueType.ARRAY, item_type]
 
 
 def open_reader(path: Path) -> GGUFReader:

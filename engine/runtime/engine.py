@@ -106,6 +106,23 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
+    def warm_up(self) -> None:
+        """Run one throwaway decode row (token 0 at position 0 of a free KV slot), so that whatever a
+        backend prepares on first use (the cpu backend's numba kernels, compiled or loaded from their
+        cache) happens now, at load time, instead of inside the first request. The slot goes back
+        at once; its next owner writes position 0 before anything reads it."""
+        with self._step_lock:
+            slot = self.cache.acquire()
+            if slot is None:
+                return
+            try:
+                batch = ForwardBatch(
+                    np.zeros(1, dtype=np.int64), (Segment(slot, 0, 1),), np.zeros(1, dtype=np.int64)
+                )
+                self.model.forward(batch, self.cache)
+            finally:
+                self.cache.release(slot)
+
     # -- submitting ----------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
         """Raise RequestError when the engine could never run `request`."""
@@ -528,9 +545,10 @@ def load_engine(
     draft_model: Path | str | None = None,
 ) -> Engine:
     """Load a checkpoint, build its family's model (through the model registry) on backend
-    `backend_name` computing in `dtype` (the cpu backend multiplying in `cpu_kernels` mode), and wrap
-    it in an Engine; with `draft_model`, load that too on the same backend, for speculative method
-    draft_model (raises `DraftModelError` when its tokenizer is not the target's)."""
+    `backend_name` computing in `dtype` (the cpu backend multiplying in `cpu_kernels` mode), wrap
+    it in an Engine and warm it up (see `Engine.warm_up`); `load_seconds` includes the warm-up. With
+    `draft_model`, load that too on the same backend, for speculative method draft_model (raises
+    `DraftModelError` when its tokenizer is not the target's)."""
     from infer.engine.backends import create_backend
     from infer.engine.loader import load_checkpoint
     from infer.engine.models import build_model
@@ -542,5 +560,7 @@ def load_engine(
     checkpoint = load_checkpoint(model_path)
     model = build_model(checkpoint, backend)
     drafter = None if draft_model is None else load_draft_model(draft_model, backend, checkpoint.tokenizer)
-    load_seconds = time.perf_counter() - started
-    return Engine(model, checkpoint.tokenizer, config, load_seconds=load_seconds, draft_model=drafter)
+    engine = Engine(model, checkpoint.tokenizer, config, draft_model=drafter)
+    engine.warm_up()
+    engine.load_seconds = time.perf_counter() - started
+    return engine
