@@ -6,9 +6,9 @@ Tasks (greedy, chat template):
   (a) input copying: rewrite a given ~300-token code file with one change; summarise a given passage
       quoting it. Target: >= 1.8x decode tok/s with mean accepted length >= 2.5.
   (b) open chat: a question whose answer copies nothing. Target: >= 0.95x (never a real slowdown).
-Each task runs off, then on, then off and on again in reverse order (off, on, on, off), all in one
-process on one engine, and the ratio is taken from the summed decode times, so drift in the machine's
-speed during the run weighs on both sides alike. Speculation comes from the profile's `speculative:`
+Each task runs off, then on (with --rounds 2: off, on, on, off), all in one process on one engine,
+and the ratio is taken from the summed decode times, so drift in the machine's speed during the run
+weighs on both sides alike. Speculation comes from the profile's `speculative:`
 section (cpu-fast: prompt lookup) or the --spec-* flags; the tokens are checked to be identical.
 Decode tok/s = (completion tokens - 1) / time from the first token to the last.
 """
@@ -148,6 +148,7 @@ def main() -> None:
     parser.add_argument("--n-predict", type=int, default=256)
     parser.add_argument("--spec-method", default=None)
     parser.add_argument("--spec-num-tokens", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=1, help="1: off, on; 2: off, on, on, off")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     flags = {
@@ -167,9 +168,12 @@ def main() -> None:
     rows = []
     for name, (group, text) in TASKS.items():
         off, on = Side(), Side()
-        for speculate in (False, True, True, False):
-            (on if speculate else off).add(run(engine, settings, text, speculate))
-            print(f"bench_spec: {name} {'on' if speculate else 'off'} done", file=sys.stderr, flush=True)
+        for speculate in (False, True, True, False)[: 2 * args.rounds]:
+            done = run(engine, settings, text, speculate)
+            (on if speculate else off).add(done)
+            speed = done.timings.decode_tokens_per_s(done.usage.completion_tokens)
+            label = "on" if speculate else "off"
+            print(f"bench_spec: {name} {label}: {speed:.2f} tok/s", file=sys.stderr, flush=True)
         if off.token_ids != on.token_ids:
             sys.exit(f"bench_spec: {name}: speculation changed the tokens")
         stats = summary(on.counters or {}) or {}
