@@ -14,6 +14,7 @@ from infer.cli.options import fail
 from infer.engine.runtime.engine import Engine
 from infer.engine.runtime.events import DoneEvent
 from infer.engine.runtime.request import Request
+from infer.engine.speculative import summary
 from infer.engine.text.chat import ChatTemplateError
 from infer.engine.text.prompts import prompt_ids
 from infer.profiles.requests import build_request
@@ -139,13 +140,20 @@ def prompt_request(
 
 
 def stats_line(done: DoneEvent) -> str:
-    """The one-line summary printed on stderr: tokens, TTFT, decode speed, finish reason."""
+    """The one-line summary printed on stderr: tokens, TTFT, decode speed, finish reason, and the
+    speculation counters when the request speculated."""
     tokens = done.usage.completion_tokens
     speed = done.timings.decode_tokens_per_s(tokens)
     line = (
         f"infer: {tokens} tokens, prompt {done.usage.prompt_tokens}, TTFT {done.timings.ttft_s:.2f} s, "
         f"{speed:.1f} tok/s decode, finish {done.finish_reason}, seed {done.seed}"
     )
+    spec = summary(done.counters)
+    if spec is not None:
+        line += (
+            f", drafts {spec['drafts']}, accepted {spec['accepted_tokens']}/{spec['draft_tokens']} "
+            f"({spec['acceptance_rate']:.0%}), mean accepted length {spec['mean_accepted_length']:.2f}"
+        )
     if done.error:
         line += f" -- {done.error}"
     return line
@@ -176,6 +184,7 @@ def result_json(engine: Engine, request: Request, done: DoneEvent) -> str:
             "ttft_s": round(timings.ttft_s, 4),
             "prefill_tokens_per_s": round(timings.prefill_tokens_per_s(done.usage.prompt_tokens), 2),
             "decode_tokens_per_s": round(timings.decode_tokens_per_s(completion), 2),
+            "speculative": summary(done.counters),
         },
         ensure_ascii=False,
     )

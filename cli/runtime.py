@@ -159,7 +159,8 @@ def open_engine(
     status: StatusLine | None = None,
     verbose: bool = False,
 ) -> Engine:
-    """Choose the backend (one stderr notice on fallback), pin BLAS threads, load the model.
+    """Choose the backend (one stderr notice on fallback), pin BLAS threads, load the model (and the
+    draft model of speculative method draft_model).
 
     While the model loads a transient "loading NAME…" line shows on a terminal's stderr: on `status`
     when given (the caller clears it), else on one cleared here. `verbose` prints the load time.
@@ -187,6 +188,7 @@ def open_engine(
     elif settings.threads:
         threadpool_limits(limits=settings.threads, user_api="blas")
     path = resolve_model_path(settings.model)
+    draft = resolve_model_path(settings.spec_draft_model) if settings.spec_method == "draft_model" else None
     config = engine_config(settings)
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
@@ -200,9 +202,14 @@ def open_engine(
         shown.show(f"loading {name}…")
         try:
             engine = load_engine(
-                path, config, choice.selected, choice.dtype, cpu_kernels=settings.cpu_kernels
+                path,
+                config,
+                choice.selected,
+                choice.dtype,
+                cpu_kernels=settings.cpu_kernels,
+                draft_model=draft,
             )
-        except ModelLoadError as exc:
+        except ModelLoadError as exc:  # DraftModelError too: a draft model with another tokenizer
             shown.clear()
             fail(str(exc))
     if verbose:

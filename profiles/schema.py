@@ -89,12 +89,35 @@ class SpeculativeSection(_Section):
     """The `speculative:` section: speculative decoding."""
 
     method: SpeculativeMethod = Field(
-        "none", description="Speculative decoding: none, prompt_lookup (n-grams) or draft_model."
+        "none",
+        description="Speculative decoding: none, prompt_lookup (n-grams of prompt + output) or "
+        "draft_model (a smaller model with the same tokenizer). Tokens are those of none either way.",
     )
-    num_tokens: int = Field(5, ge=1, description="Tokens drafted per step.")
-    draft_model: str | None = Field(None, description="Draft model path (method draft_model).")
+    num_tokens: int = Field(
+        5,
+        ge=1,
+        description="Most tokens drafted per step (llama.cpp --draft-max); the length adapts below it.",
+    )
+    draft_min: int = Field(
+        0, ge=0, description="Drafts shorter than this are dropped, not verified (llama.cpp --draft-min)."
+    )
+    draft_model: str | None = Field(
+        None, description="Draft model path (method draft_model); its tokenizer must be the model's."
+    )
+    p_min: float = Field(
+        0.75,
+        ge=0.0,
+        le=1.0,
+        description="Draft model: stop drafting when its top-1 probability falls below this "
+        "(llama.cpp --draft-p-min).",
+    )
     ngram_min: int = Field(1, ge=1, description="Prompt lookup: shortest n-gram matched.")
     ngram_max: int = Field(3, ge=1, description="Prompt lookup: longest n-gram matched.")
+    adaptive: bool = Field(
+        True,
+        description="Shrink the draft length after rejections (pausing after repeated misses) and grow "
+        "it after full acceptance; false drafts num_tokens every step.",
+    )
 
 
 def _not_zero(n_predict: int) -> int:

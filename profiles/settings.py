@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -107,7 +107,10 @@ _EXTRA_FLAGS: dict[str, tuple[str, ...]] = {
     "typical_p": ("--typical", "--typical-p"),
     "mirostat_tau": ("--mirostat-ent", "--mirostat-tau"),
     "mirostat_eta": ("--mirostat-lr", "--mirostat-eta"),
-    "spec_draft_model": ("--spec-draft-model", "--draft-model"),
+    "spec_draft_model": ("--spec-draft-model", "--draft-model", "--model-draft", "-md"),
+    "spec_num_tokens": ("--spec-num-tokens", "--draft-max"),
+    "spec_draft_min": ("--spec-draft-min", "--draft-min"),
+    "spec_p_min": ("--spec-p-min", "--draft-p-min"),
 }
 
 
@@ -324,28 +327,52 @@ def _check_cross_field(entries: Mapping[str, _Entry]) -> None:
             f"{method.source}: speculative.method draft_model needs speculative.draft_model "
             f"(a model path; flag --spec-draft-model, env INFER_SPEC_DRAFT_MODEL)"
         )
+    shortest, longest = entries["spec_draft_min"], entries["spec_num_tokens"]
+    if shortest.value > longest.value:
+        raise SettingsError(
+            f"{shortest.source}: speculative.draft_min must be <= speculative.num_tokens "
+            f"({longest.value}, from {longest.source}) (got {shortest.value})"
+        )
+
+
+SPEC_KEYS_BY_METHOD: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "none": frozenset(),
+        "prompt_lookup": frozenset({"num_tokens", "draft_min", "adaptive", "ngram_min", "ngram_max"}),
+        "draft_model": frozenset({"num_tokens", "draft_min", "adaptive", "draft_model", "p_min"}),
+    }
+)
+"""The `speculative.*` keys each method reads (`method` aside); the others would be ignored."""
+
+
+def unused_spec_keys(method: str, given: Iterable[str]) -> list[str]:
+    """The speculative keys among `given` that `method` would ignore."""
+    return [key for key in given if key != "method" and key not in SPEC_KEYS_BY_METHOD[method]]
 
 
 def refuse_unimplemented(settings: Settings) -> None:
     """Raise `SettingsError` for a setting this build would accept and then ignore.
 
-    Speculative decoding is not implemented yet: `speculative.method` other than `none`, or any other
-    `speculative.*` key set by a flag, env variable or profile, is refused until it is, instead of
-    running without it. Resolution itself still accepts them (so `infer profiles show` can explain a
-    profile); every command that runs the engine calls this first.
+    A `speculative.*` key given by a flag or an env variable that the chosen method does not read
+    (`--draft-p-min` with prompt_lookup, `--draft-max` with method none, ...) is refused, naming it,
+    instead of running without it. A profile may carry keys of a method it does not use (so
+    `--spec-method none` switches a profile's speculation off). Every command that runs the engine
+    calls this first.
     """
-    for spec in SETTINGS.values():
-        if spec.section != "speculative":
-            continue
-        value, source = settings.value(spec.name), settings.source(spec.name)
-        if spec.name == "spec_method" and value == "none":
-            continue
-        if spec.name != "spec_method" and source.kind == "default":
-            continue
-        raise SettingsError(
-            f"{source}: {spec.key} = {_plain(value)!r}: speculative decoding is not implemented yet; "
-            "remove it (only speculative.method none is accepted)"
-        )
+    method = settings.spec_method
+    given = [
+        spec
+        for spec in SETTINGS.values()
+        if spec.section == "speculative" and settings.source(spec.name).kind in ("flag", "env")
+    ]
+    for spec in given:
+        key = (spec.key or spec.name).split(".")[-1]
+        if unused_spec_keys(method, [key]):
+            source, value = settings.source(spec.name), settings.value(spec.name)
+            raise SettingsError(
+                f"{source}: {spec.key} = {_plain(value)!r} is not used by speculative.method {method} "
+                f"(from {settings.source('spec_method')}); remove it or choose a method that uses it"
+            )
 
 
 _SAMPLER_NAMES: tuple[str, ...] = tuple(spec.name for spec in SETTINGS.values() if spec.section == "sampler")

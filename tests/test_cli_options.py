@@ -126,7 +126,12 @@ def test_env_then_flag() -> None:
         (["--spec-method", "prompt_lookup", "--spec-num-tokens", "3"], "spec_num_tokens", 3),
         (["--draft-model", "d.gguf"], "spec_draft_model", "d.gguf"),
         (["-m", "model.gguf"], "model", "model.gguf"),
-        (["--profile", "cpu-fast"], "spec_method", "none"),
+        (["--profile", "cpu-fast"], "spec_method", "prompt_lookup"),
+        (["--spec-method", "prompt_lookup", "--draft-max", "3"], "spec_num_tokens", 3),
+        (["--spec-method", "prompt_lookup", "--draft-min", "2"], "spec_draft_min", 2),
+        (["--spec-method", "draft_model", "-md", "d.gguf"], "spec_draft_model", "d.gguf"),
+        (["--spec-method", "draft_model", "--model-draft", "d.gguf"], "spec_draft_model", "d.gguf"),
+        (["--spec-method", "draft_model", "-md", "d.gguf", "--draft-p-min", "0.5"], "spec_p_min", 0.5),
     ],
 )
 def test_flag_spellings(args: list[str], name: str, value: object) -> None:

@@ -30,7 +30,7 @@ ENTRY = "import sys; from infer.cli.main import main; sys.argv[0] = 'infer'; mai
 JSON_FIELDS = {
     "text", "prompt_ids", "token_ids", "finish_reason", "error", "seed", "prompt_tokens",
     "completion_tokens", "load_s", "prefill_s", "decode_s", "ttft_s", "prefill_tokens_per_s",
-    "decode_tokens_per_s",
+    "decode_tokens_per_s", "speculative",
 }  # fmt: skip
 CUDA_MISSING = probe_backend("cuda") is not None
 
@@ -114,6 +114,7 @@ def test_json_fields(runs: dict[str, Result], tokenizer: Tokenizer) -> None:
     out = runs["seed7"].json
     assert set(out) == JSON_FIELDS
     assert out["finish_reason"] == "length" and out["error"] is None
+    assert out["speculative"] is None, "no speculation without a spec_method"
     assert out["prompt_ids"] == tokenizer.encode(PROMPT, add_bos=False)
     assert out["prompt_tokens"] == len(out["prompt_ids"])
     assert out["completion_tokens"] == len(out["token_ids"]) == 8

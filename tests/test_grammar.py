@@ -352,8 +352,8 @@ def test_drafts_are_cut_to_the_grammar_before_they_are_scheduled(idle_engine: En
     while seq.in_prefill:
         assert engine.step()
     good = list(reference.token_ids[1:3])
-    seq.draft_ids = [*good, BOS_ID, *good]
-    engine._cut_drafts()
+    assert seq.draft_filter is not None
+    seq.draft_ids = list(seq.draft_filter([*good, BOS_ID, *good]))
     assert seq.draft_ids == good
     (item,) = engine.scheduler.schedule()
     assert item.tokens == (seq.last_token, *good) and len(item.logit_rows) == len(good) + 1

@@ -31,6 +31,7 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
         ("infer.engine.runtime", "infer.engine.models", "infer.engine.backends", "infer.engine.sampling"),
         (),
     ),
+    ("infer.engine.speculative", ("infer.engine.runtime",), ()),
 )
 """Who may not import what."""
 

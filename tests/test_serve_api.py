@@ -345,8 +345,12 @@ BAD_BODIES: list[tuple[str, str | bytes | dict[str, Any], int, str | None]] = [
         "text.format.schema",
     ),
     ("/v1/responses", {"input": "hi", "text": {"format": {"type": "xml"}}}, 400, "text.format.type"),
-    (CHAT, _chat('"spec_method": "prompt_lookup"'), 400, "spec_method"),
+    # Speculation per request: a key the method ignores, a model the server did not load, a range.
+    (CHAT, _chat('"spec_method": "draft_model"'), 400, "spec_method"),
     (CHAT, _chat('"spec_num_tokens": 4'), 400, "spec_num_tokens"),
+    (CHAT, _chat('"spec_method": "prompt_lookup", "spec_p_min": 0.5'), 400, "spec_p_min"),
+    (CHAT, _chat('"spec_method": "prompt_lookup", "spec_num_tokens": 0'), 400, "spec_num_tokens"),
+    (CHAT, _chat('"spec_method": "medusa"'), 400, "spec_method"),
     ("/v1/completions", {"prompt": "hi", "spec_draft_model": "d.gguf"}, 400, "spec_draft_model"),
     ("/v1/responses", {"input": "hi", "spec_ngram_max": 3}, 400, "spec_ngram_max"),
     ("/v1/nowhere", {}, 404, None),
@@ -354,6 +358,7 @@ BAD_BODIES: list[tuple[str, str | bytes | dict[str, Any], int, str | None]] = [
     # unknown fields are ignored as OpenAI ignores them.
     (CHAT, _chat(f'"top_k": {10**9}, "max_tokens": 1'), 200, None),
     (CHAT, _chat('"spec_method": "none", "max_tokens": 1'), 200, None),
+    (CHAT, _chat('"spec_method": "prompt_lookup", "spec_num_tokens": 3, "max_tokens": 2'), 200, None),
     (CHAT, _chat('"temperature": -1, "max_tokens": 1'), 200, None),
     (CHAT, _chat('"temperature": 1e-45, "max_tokens": 1'), 200, None),  # below 1e-5: greedy
     (CHAT, _chat('"some_future_field": {"x": 1}, "max_tokens": 1'), 200, None),

@@ -87,14 +87,14 @@ def test_decode_item_feeds_drafts_and_asks_for_one_row_each(idle_engine: Engine)
 
     seq.draft_ids = [5, 6, 7]
     (item,) = engine.scheduler.schedule()
-    assert item.sequence is seq and item.kind == "decode" and item.index == 1
+    assert item.sequence is seq and item.kind == "verify" and item.index == 1
     assert item.start == seq.num_computed_tokens
     assert item.tokens == (seq.last_token, 5, 6, 7)
     assert item.logit_rows == (0, 1, 2, 3)
 
     seq.draft_ids = []
     (item,) = engine.scheduler.schedule()
-    assert item.tokens == (seq.last_token,) and item.logit_rows == (0,)
+    assert item.tokens == (seq.last_token,) and item.logit_rows == (0,) and item.kind == "decode"
     seq.stream.cancel()
     engine.reap_cancelled()
 

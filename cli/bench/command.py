@@ -109,6 +109,7 @@ def trace_request(engine: Engine, request: Request) -> Trace:
         elif isinstance(event, DoneEvent):
             trace.done = time.perf_counter()
             trace.error = event.error
+            trace.counters = dict(event.counters)
     return trace
 
 
@@ -163,6 +164,7 @@ class EngineBench:
                 elif isinstance(event, DoneEvent):
                     trace.done = time.perf_counter()
                     trace.error = event.error
+                    trace.counters = dict(event.counters)
 
         threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(concurrency)]
         for thread in threads:

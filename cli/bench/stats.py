@@ -17,6 +17,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from infer.engine.speculative import merge, summary
+
 
 @dataclass
 class Trace:
@@ -29,6 +31,8 @@ class Trace:
     error: str | None = None
     reported_tokens: int | None = None
     """Completion tokens the server reported in `usage` (a chunk may carry several tokens)."""
+    counters: dict[str, int] = field(default_factory=dict)
+    """The request's speculation counters (empty without speculation)."""
 
     @property
     def tokens(self) -> int:
@@ -148,7 +152,15 @@ class BenchResult:
             "errors": sum(1 for t in self.traces if t.error is not None),
             **self.latency(),
             **self.extra,
+            "speculative": self.speculation(),
         }
+
+    def speculation(self) -> dict[str, Any] | None:
+        """Every request's speculation counters summed, as `summary` shows them (None without)."""
+        totals: dict[str, int] = {}
+        for trace in self.traces:
+            totals = merge(totals, trace.counters)
+        return summary(totals)
 
 
 def serving_figures(traces: Sequence[Trace], duration: float, slo: Mapping[str, float]) -> dict[str, Any]:
@@ -246,15 +258,22 @@ def load_baseline(path: Path) -> dict[str, Any]:
 def results_table(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any]) -> Table:
     """llama-bench's table: model | backend | threads | test | t/s (mean ± stddev)."""
     table = Table(title=None, show_edge=True)
-    for column in ("model", "backend", "threads", "test", "t/s"):
-        table.add_column(column, justify="right" if column in ("threads", "t/s") else "left")
+    speculated = any(record.get("speculative") for record in records)
+    columns = ("model", "backend", "threads", "test", "t/s", *(("accept", "mean len") if speculated else ()))
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("model", "backend", "test") else "right")
     for record in records:
+        spec = record.get("speculative")
+        extra = (
+            (f"{spec['acceptance_rate']:.0%}", f"{spec['mean_accepted_length']:.2f}") if spec else ("-", "-")
+        )
         table.add_row(
             escape(str(header["model"])),
             escape(str(header["backend"])),
             str(header["threads"]),
             escape(record["test"]),
             f"{record['tps_mean']:.2f} ± {record['tps_stddev']:.2f}",
+            *(extra if speculated else ()),
         )
     return table
 

@@ -272,7 +272,10 @@ def judge(anchor: ResolvedAnchor, run: AnchorRun, *, tie_margin: float, decode: 
         )
     for key, value in expect.counters.items():
         if run.counters.get(key) != value:
-            problems.append(f"counters.{key}: expected {value}, got {run.counters.get(key)}")
+            problems.append(
+                f"counters.{key}: expected {value}, got {run.counters.get(key)} (speculation counter "
+                "changed: drafting, draft length or verification differs from the blessed run)"
+            )
     if expect.token_ids is not None:
         if token_hash(expect.token_ids) != expect.sha256:
             problems.append("note: the stored sha256 does not match the stored token_ids (edited by hand?)")

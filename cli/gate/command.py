@@ -120,6 +120,7 @@ def _engine_key(settings: Settings) -> tuple[Any, ...]:
         settings.ctx_size,
         settings.batch_size,
         settings.max_batched_tokens,
+        settings.spec_draft_model if settings.spec_method == "draft_model" else None,
     )
 
 

@@ -25,6 +25,7 @@ from infer.cli.serve.schemas import ChatCompletionRequest, CompletionRequest
 from infer.cli.serve.sse import DONE, SSEResponse, finite_or_none, sse_data
 from infer.engine.runtime.events import DoneEvent, TokenEvent
 from infer.engine.runtime.stream import RequestStream
+from infer.engine.speculative import merge, summary
 from infer.engine.text.tokenizer import Tokenizer
 
 router = APIRouter()
@@ -79,11 +80,41 @@ def failure_error(ctx: ServeContext, done: DoneEvent) -> APIError | None:
     return None
 
 
-def usage_of(results_done: Sequence[DoneEvent], prompt_lengths: Sequence[int]) -> dict[str, int]:
-    """OpenAI usage: each prompt counted once, every choice's completion tokens summed."""
+def usage_of(results_done: Sequence[DoneEvent], prompt_lengths: Sequence[int]) -> dict[str, Any]:
+    """OpenAI usage: each prompt counted once, every choice's completion tokens summed; with
+    speculation, `speculative` holds the choices' counters summed (`infer.engine.speculative.summary`)."""
     prompt = sum(prompt_lengths)
     completion = sum(d.usage.completion_tokens for d in results_done)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    speculative = speculation_of(results_done)
+    if speculative is not None:
+        usage["speculative"] = speculative
+    return usage
+
+
+def speculation_of(results_done: Sequence[DoneEvent]) -> dict[str, Any] | None:
+    """The choices' speculation counters summed, as `summary` shows them, plus llama-server's names
+    (`draft_n`, `draft_n_accepted`); None when no choice speculated."""
+    totals: dict[str, int] = {}
+    for done in results_done:
+        totals = merge(totals, done.counters)
+    stats = summary(totals)
+    if stats is None:
+        return None
+    return {**stats, "draft_n": stats["draft_tokens"], "draft_n_accepted": stats["accepted_tokens"]}
+
+
+def timings_of(results_done: Sequence[DoneEvent]) -> dict[str, Any]:
+    """llama-server's `timings` fields this server reports: `{"timings": {"draft_n", "draft_n_accepted"}}`
+    when the request speculated, else nothing (merged into a response object)."""
+    stats = speculation_of(results_done)
+    if stats is None:
+        return {}
+    return {"timings": {"draft_n": stats["draft_n"], "draft_n_accepted": stats["draft_n_accepted"]}}
 
 
 class LogprobFormatter:
@@ -191,6 +222,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             "choices": choices,
             "usage": usage_of(dones, [len(ids)]),
             **extra,
+            **timings_of(dones),
         }
     )
 
@@ -318,7 +350,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             choice["token_ids"] = list(result.done.token_ids)
         choices.append(choice)
     dones = [r.done for r in results if r.done is not None]
-    return JSONResponse({**head, "choices": choices, "usage": usage_of(dones, prompt_lengths)})
+    return JSONResponse(
+        {**head, "choices": choices, "usage": usage_of(dones, prompt_lengths), **timings_of(dones)}
+    )
 
 
 async def _completion_chunks(

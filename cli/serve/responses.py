@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from infer.cli.serve.completions import LogprobFormatter, failure_error, run_whole
+from infer.cli.serve.completions import LogprobFormatter, failure_error, run_whole, speculation_of
 from infer.cli.serve.context import ServeContext, new_id
 from infer.cli.serve.schemas import ResponsesRequest
 from infer.cli.serve.sse import SSEResponse, sse_event
@@ -79,6 +79,9 @@ class _ResponseBuilder:
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": done.usage.total_tokens,
             }
+            speculative = speculation_of([done])
+            if speculative is not None:
+                usage["speculative"] = speculative
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {
             "id": self.id,

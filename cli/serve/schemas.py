@@ -20,10 +20,11 @@ from infer.cli.serve.errors import APIError
 from infer.engine.grammar import GrammarError, GrammarSpec
 from infer.engine.runtime.request import Request, RequestError
 from infer.engine.sampling import SamplingParams, SamplingParamsError
+from infer.engine.speculative import SpecConfig, SpecConfigError
 from infer.engine.text.chat import VALID_ROLES
-from infer.profiles.requests import build_request
-from infer.profiles.schema import SamplerSection
-from infer.profiles.settings import SETTINGS, Settings
+from infer.profiles.requests import build_request, spec_config
+from infer.profiles.schema import SamplerSection, SpeculativeSection
+from infer.profiles.settings import SETTINGS, Settings, unused_spec_keys
 
 StrictFloat = Annotated[float, Strict()]
 """A JSON number (an integer is a number too); a string is a type error."""
@@ -66,17 +67,17 @@ def _sampler_fields() -> dict[str, Any]:
 SPECULATIVE_FIELD_NAMES: tuple[str, ...] = tuple(
     spec.name for spec in SETTINGS.values() if spec.section == "speculative"
 )
-"""The speculative settings under their one name (`spec_method`, ...): API fields too, refused until
-speculative decoding exists (see `Generation.check_supported`)."""
+"""The speculative settings under their one name (`spec_method`, ...): API fields too, on top of the
+server's own (`Generation.to_spec_config`); `spec_draft_model` only names the model the server loaded."""
 
 
 def _speculative_fields() -> dict[str, Any]:
     return {
-        name: (
-            Optional[Any],
-            Field(None, description=f"{SETTINGS[name].description} Not implemented yet: refused."),
+        f"spec_{name}": (
+            Optional[_strict(info.annotation)],
+            Field(None, description=f"{info.description} Per request; omitted = the server's setting."),
         )
-        for name in SPECULATIVE_FIELD_NAMES
+        for name, info in SpeculativeSection.model_fields.items()
     }
 
 
@@ -159,19 +160,38 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
     )
 
     def check_supported(self) -> None:
-        """Refuse what this server cannot honour, rather than silently ignore it: speculative decoding
-        is not implemented yet, so any `spec_*` field other than `spec_method: "none"` is a 400; an
-        output constraint that cannot be compiled is a 400 before any token."""
+        """Refuse what this server cannot honour, rather than silently ignore it: an output constraint
+        that cannot be compiled is a 400 before any token, and a request cannot load another draft
+        model (`spec_draft_model` is the server's `--model-draft`)."""
         self.grammar_spec()
-        for name in SPECULATIVE_FIELD_NAMES:
-            value = getattr(self, name)
-            if value is None or (name == "spec_method" and value == "none"):
-                continue
+        draft = getattr(self, "spec_draft_model", None)
+        if draft is not None:
             raise APIError(
-                f"{name} = {value!r}: speculative decoding is not implemented yet "
-                "(only spec_method 'none' is accepted)",
-                param=name,
+                f"spec_draft_model = {draft!r}: the draft model is chosen when the server starts "
+                "(--model-draft); a request can only turn it on with spec_method draft_model",
+                param="spec_draft_model",
             )
+
+    def to_spec_config(self, settings: Settings) -> SpecConfig | None:
+        """The server's speculative settings with this body's `spec_*` fields on top (None = off).
+        A field the chosen method would ignore, or an out-of-range value, is APIError 400."""
+        given = {
+            name.removeprefix("spec_"): getattr(self, name)
+            for name in SPECULATIVE_FIELD_NAMES
+            if getattr(self, name) is not None
+        }
+        method = given.get("method", settings.spec_method)
+        unused = unused_spec_keys(method, given)
+        if unused:
+            raise APIError(
+                f"spec_{unused[0]} is not used by spec_method {method}; remove it or choose a method "
+                "that uses it",
+                param=f"spec_{unused[0]}",
+            )
+        try:
+            return spec_config(settings, given)
+        except SpecConfigError as exc:
+            raise APIError(str(exc), param=exc.parameter) from None
 
     # -- conversion ----------------------------------------------------------------------------
     def sampler_overrides(self) -> dict[str, Any]:
@@ -247,6 +267,7 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         """
         params = self.to_sampling_params(settings, vocab_size)
         grammar = self.grammar_spec()
+        spec = self.to_spec_config(settings)
         limit, limit_param = self.token_limit()
         requests: list[Request] = []
         base_seed = 0  # the first request's seed, once it is made
@@ -281,6 +302,7 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
                         seed=seed,
                         request_id=f"{id_prefix}-{index}",
                         grammar=grammar,
+                        spec=spec,
                     )
                 except RequestError as exc:
                     param = limit_param if exc.parameter == "max_tokens" else exc.parameter

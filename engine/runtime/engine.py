@@ -1,9 +1,10 @@
 """The Engine: submit(request) -> a stream of events, produced by one step loop for every mode.
 
-Each step is schedule -> execute -> sample -> advance -> emit: the scheduler picks each sequence's
+Each step is draft -> schedule -> execute -> sample -> advance -> emit: speculating sequences get
+drafts from their method's drafter (`infer.engine.speculative`), the scheduler picks each sequence's
 tokens not yet in the KV cache (decode tokens, drafts, prefill chunks) and the rows whose logits it
-needs, the model runs them as one ragged batch, each item's rows are sampled, the sequence advances
-by the accepted tokens (one today, several once drafts are verified), and its events go out.
+needs, the model runs them as one ragged batch, each item's rows are sampled (drafts kept while the
+draws equal them), the sequence advances by the accepted tokens, and its events go out.
 Greedy or sampled, alone or batched, on any backend, every request goes through here.
 A step that fails ends only the requests it belongs to, with finish_reason "error", a message
 naming the step, and every token produced before it.
@@ -30,6 +31,15 @@ from infer.engine.runtime.scheduler import ScheduledWork, Scheduler, SchedulerLi
 from infer.engine.runtime.sequence import Sequence
 from infer.engine.runtime.stream import Completion, RequestStream
 from infer.engine.sampling import NoFiniteLogitsError, SampledToken, SequenceSampler
+from infer.engine.speculative import (
+    AdaptiveLength,
+    DraftAsk,
+    Drafter,
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    SpecCounters,
+    load_draft_model,
+)
 from infer.engine.text.tokenizer import Tokenizer
 
 ItemLogits = tuple[np.ndarray, list[int] | None, int]
@@ -64,7 +74,13 @@ class Engine:
     """Owns the model, the KV cache and the scheduler; turns requests into event streams."""
 
     def __init__(
-        self, model: Model, tokenizer: Tokenizer, config: EngineConfig, *, load_seconds: float = 0.0
+        self,
+        model: Model,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+        *,
+        load_seconds: float = 0.0,
+        draft_model: Model | None = None,
     ) -> None:
         if config.ctx_size <= 0:  # 0 = the context the model was trained for
             config = replace(config, ctx_size=model.config.max_position_embeddings)
@@ -76,6 +92,18 @@ class Engine:
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, config.max_batched_tokens, config.batch_size), self.cache
         )
+        self.drafters: dict[str, Drafter] = {"prompt_lookup": PromptLookupDrafter()}
+        """The drafter of each speculative method this engine can run (draft_model only with a
+        draft model, which then has its own KV cache beside the target's)."""
+        if draft_model is not None:
+            self.drafters["draft_model"] = DraftModelDrafter(
+                draft_model,
+                slots=config.max_num_seqs,
+                capacity=config.ctx_size,
+                chunk_size=config.batch_size,
+                max_rows=config.max_batched_tokens,
+                vocab_limit=model.vocab_size,
+            )
         self.steps = 0
         """Engine steps run so far."""
         self.grammar_vocabulary = GrammarVocabulary(tokenizer, model.vocab_size)
@@ -120,6 +148,13 @@ class Engine:
             raise RequestError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", "prompt")
         if request.grammar is not None:
             self._constraint(request)  # builds the model's token table once; a bad grammar fails here
+        spec = request.spec
+        if spec is not None and spec.method not in self.drafters:
+            raise RequestError(
+                f"spec_method {spec.method} needs a draft model loaded with the model "
+                "(--model-draft / speculative.draft_model)",
+                "spec_method",
+            )
 
     @property
     def waiting_sequences(self) -> int:
@@ -154,6 +189,12 @@ class Engine:
         )
         stream = RequestStream(request.request_id, self.step, self._background_running, self.reap_cancelled)
         sequence = Sequence(request, stream, sampler, output, seed, constraint=self._constraint(request))
+        if sequence.constraint is not None:  # drafts the grammar forbids are cut before scheduling
+            sequence.draft_filter = sequence.constraint.allowed_drafts
+        if request.spec is not None:
+            spec = request.spec
+            sequence.draft_length = AdaptiveLength(spec.num_tokens, max(spec.draft_min, 1), spec.adaptive)
+            sequence.spec_counters = SpecCounters()
         with self._incoming_lock:
             self._incoming.append(sequence)
         self._wakeup.set()
@@ -208,7 +249,7 @@ class Engine:
             if skip_if is not None and skip_if():
                 return True
             self._admit_and_reap()
-            self._cut_drafts()
+            self._propose_drafts()
             work = self.scheduler.schedule()
             if not work:
                 return False
@@ -227,13 +268,76 @@ class Engine:
                     self._complete(item, logits.get(id(item.sequence)))
             return True
 
-    def _cut_drafts(self) -> None:
-        """Cut each constrained sequence's drafts to the prefix its grammar allows, before they are
-        scheduled: a draft the grammar forbids could never be accepted, so verifying it (and every
-        draft after it) would only cost rows."""
+    # -- drafting ------------------------------------------------------------------------------
+    def _propose_drafts(self) -> None:
+        """Give every speculating sequence that is generating its drafts for this step: one
+        `propose` call per method for all of them, then the sequence's draft filter and the
+        request's draft_min. A drafter that fails ends only the sequences it fails for."""
+        groups: dict[str, list[tuple[Sequence, DraftAsk]]] = {}
         for seq in self.scheduler.running:
-            if seq.constraint is not None and seq.draft_ids:
-                seq.draft_ids = seq.constraint.allowed_drafts(seq.draft_ids)
+            spec, length = seq.request.spec, seq.draft_length
+            if spec is None or length is None or seq.in_prefill or seq.is_finished:
+                continue
+            seq.draft_ids = []  # drafts left from a step that did not schedule the sequence: ask again
+            k = min(length.next_length(), self._draft_room(seq))
+            if k <= 0 or not self._hook_allows(seq, "draft", len(seq.generated)):
+                continue
+            groups.setdefault(spec.method, []).append((seq, DraftAsk(id(seq), seq.token_ids, k, spec)))
+        for method, group in groups.items():
+            for seq, drafts in self._ask_drafter(self.drafters[method], group):
+                if seq.draft_filter is not None and drafts:
+                    kept = list(seq.draft_filter(drafts))
+                    if kept != drafts[: len(kept)]:
+                        problem = ValueError("the draft filter returned no prefix of its drafts")
+                        self._fail(seq, self._draft_label(seq), problem)
+                        continue
+                    drafts = kept
+                assert seq.request.spec is not None
+                seq.draft_ids = drafts if len(drafts) >= seq.request.spec.draft_min else []
+
+    def _ask_drafter(
+        self, drafter: Drafter, group: list[tuple[Sequence, DraftAsk]]
+    ) -> list[tuple[Sequence, list[int]]]:
+        """The drafts of every sequence of `group`, asked all at once; if that fails, each alone, so
+        only a sequence whose own drafting fails is ended."""
+        try:
+            return list(zip([s for s, _ in group], drafter.propose([a for _, a in group]), strict=True))
+        except Exception as exc:
+            if len(group) == 1:
+                self._fail(group[0][0], self._draft_label(group[0][0]), exc)
+                return []
+        answers: list[tuple[Sequence, list[int]]] = []
+        for seq, ask in group:
+            try:
+                answers.append((seq, drafter.propose([ask])[0]))
+            except Exception as exc:
+                self._fail(seq, self._draft_label(seq), exc)
+        return answers
+
+    @staticmethod
+    def _draft_label(seq: Sequence) -> str:
+        return f"drafting for decode step {len(seq.generated)}"
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """Drafts that can still matter: a verify emits up to k + 1 tokens, within max_tokens and
+        the context."""
+        room = self.config.ctx_size - seq.num_tokens - 1
+        limit = seq.request.max_tokens
+        if limit is not None:
+            room = min(room, limit - len(seq.generated) - 1)
+        return room
+
+    def _hook_allows(self, seq: Sequence, phase: str, index: int) -> bool:
+        """Run the fault hook (tests) for one phase of `seq`; False (and the request ended) if it raises."""
+        hook = self.config.fault_hook
+        if hook is None:
+            return True
+        try:
+            hook(seq.request.request_id, phase, index)
+        except Exception as exc:
+            self._fail(seq, self._draft_label(seq) if phase == "draft" else f"{phase} step {index}", exc)
+            return False
+        return True
 
     def _run_fault_hook(self, item: ScheduledWork) -> bool:
         hook = self.config.fault_hook
@@ -299,11 +403,26 @@ class Engine:
             return
         assert logits is not None
         accepted, error = self._sample(item, logits)
+        if item.kind == "verify":
+            self._count_verify(item, accepted)
         if accepted:
             self.advance(seq, accepted)
         if error is not None and not seq.is_finished:
             stage = "grammar" if isinstance(error, GrammarViolationError) else "sampling"
             self._fail(seq, f"decode step {len(seq.generated)} ({stage})", error)
+
+    @staticmethod
+    def _count_verify(item: ScheduledWork, accepted: list[SampledToken]) -> None:
+        """Record a verify's drafted and kept drafts in the sequence's counters and draft length."""
+        seq = item.sequence
+        drafted = len(item.tokens) - 1
+        kept = 0
+        while kept < min(len(accepted), drafted) and accepted[kept].token_id == item.tokens[kept + 1]:
+            kept += 1
+        if seq.spec_counters is not None:
+            seq.spec_counters.record(drafted, kept)
+        if seq.draft_length is not None:
+            seq.draft_length.record(drafted, kept)
 
     @staticmethod
     def _sample(item: ScheduledWork, logits: ItemLogits) -> tuple[list[SampledToken], Exception | None]:
@@ -432,6 +551,9 @@ class Engine:
         self, seq: Sequence, reason: FinishReason, error: str | None = None, error_param: str | None = None
     ) -> None:
         self.scheduler.remove(seq)
+        seq.draft_ids.clear()
+        if seq.request.spec is not None and seq.request.spec.method in self.drafters:
+            self.drafters[seq.request.spec.method].release(id(seq))
         end = time.perf_counter()
         first = seq.first_token_at
         scheduled = seq.scheduled_at
@@ -451,6 +573,7 @@ class Engine:
                 seq.seed,
                 tuple(seq.generated),
                 seq.output.text,
+                seq.spec_counters.as_counters() if seq.spec_counters is not None else {},
                 error_param=error_param,
             )
         )
@@ -497,10 +620,13 @@ def load_engine(
     dtype: str = "float32",
     *,
     cpu_kernels: str = "blas",
+    draft_model: Path | str | None = None,
 ) -> Engine:
     """Load a checkpoint, build its family's model (through the model registry) on backend
     `backend_name` computing in `dtype` (the cpu backend multiplying in `cpu_kernels` mode), wrap
-    it in an Engine and warm it up (see `Engine.warm_up`); `load_seconds` includes the warm-up."""
+    it in an Engine and warm it up (see `Engine.warm_up`); `load_seconds` includes the warm-up. With
+    `draft_model`, load that too on the same backend, for speculative method draft_model (raises
+    `DraftModelError` when its tokenizer is not the target's)."""
     from infer.engine.backends import create_backend
     from infer.engine.loader import load_checkpoint
     from infer.engine.models import build_model
@@ -511,7 +637,8 @@ def load_engine(
     )  # a dtype the backend lacks fails before loading
     checkpoint = load_checkpoint(model_path)
     model = build_model(checkpoint, backend)
-    engine = Engine(model, checkpoint.tokenizer, config)
+    drafter = None if draft_model is None else load_draft_model(draft_model, backend, checkpoint.tokenizer)
+    engine = Engine(model, checkpoint.tokenizer, config, draft_model=drafter)
     engine.warm_up()
     engine.load_seconds = time.perf_counter() - started
     return engine

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from infer.engine.grammar import GrammarSpec
 from infer.engine.sampling import SamplingParams, resolve_seed
+from infer.engine.speculative.config import SpecConfig
 
 _SEED_LIMIT = 1 << 64
 
@@ -58,6 +59,9 @@ class Request:
     """Constrain the output (JSON schema, any JSON object, regex, Lark grammar, choices): every
     token is drawn from the tokens the grammar allows, and the request ends with `stop` when the
     grammar is complete. None = free text."""
+    spec: SpecConfig | None = None
+    """Speculative decoding for this request (None = off). Changes speed only: the tokens are those
+    of plain decoding whatever it says."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -75,5 +79,5 @@ class Request:
 
 FaultHook = Callable[[str, str, int], None]
 """Test-only: called as (request_id, phase, index) before each step of a request, phase "prefill"
-(index = chunk number) or "decode" (index = decode step = number of tokens already generated);
-raising makes that step fail exactly as a real failure would."""
+(index = chunk number), "decode" or "verify" (a decode step carrying drafts; index = number of
+tokens already generated); raising makes that step fail exactly as a real failure would."""

@@ -17,8 +17,9 @@ from typing import Literal
 from infer.engine.backends.kv_cache import KVCache
 from infer.engine.runtime.sequence import Sequence, SequenceStatus
 
-StepKind = Literal["prefill", "decode"]
-"""How fault hooks and error messages name a step: "prefill chunk N" or "decode step N"."""
+StepKind = Literal["prefill", "decode", "verify"]
+"""How fault hooks and error messages name a step: "prefill chunk N", "decode step N", or "verify
+step N" (a decode step that carries drafts)."""
 
 _LAST_ROW = (0,)
 """The logit rows of a one-token decode item (shared: it is the hot path)."""
@@ -53,12 +54,13 @@ class ScheduledWork:
     logit_rows: tuple[int, ...]
     kind: StepKind
     index: int
-    """Prefill: the chunk number (`start // chunk_size`); decode: tokens generated before this step."""
+    """Prefill: the chunk number (`start // chunk_size`); decode/verify: tokens generated before this
+    step."""
 
     @property
     def label(self) -> str:
-        """The step as errors name it: "prefill chunk N" or "decode step N"."""
-        return f"prefill chunk {self.index}" if self.kind == "prefill" else f"decode step {self.index}"
+        """The step as errors name it: "prefill chunk N", "decode step N" or "verify step N"."""
+        return f"prefill chunk {self.index}" if self.kind == "prefill" else f"{self.kind} step {self.index}"
 
 
 @dataclass
@@ -132,7 +134,8 @@ class Scheduler:
             return ScheduledWork(seq, start, (seq.last_token,), _LAST_ROW, "decode", index)
         room = min(budget, self.cache.capacity - start)
         tokens = (seq.last_token, *seq.draft_ids)[: max(room, 1)]
-        return ScheduledWork(seq, start, tokens, tuple(range(len(tokens))), "decode", index)
+        kind: StepKind = "verify" if len(tokens) > 1 else "decode"
+        return ScheduledWork(seq, start, tokens, tuple(range(len(tokens))), kind, index)
 
     def _prefill_work(self, seq: Sequence, budget: int) -> ScheduledWork:
         """The prompt's next chunk: up to the next multiple of chunk_size, cut short by the budget

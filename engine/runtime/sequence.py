@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -11,9 +12,16 @@ from infer.engine.grammar import Constraint
 from infer.engine.runtime.output import OutputProcessor
 from infer.engine.runtime.request import Request
 from infer.engine.sampling import SequenceSampler
+from infer.engine.speculative import AdaptiveLength, SpecCounters
 
 if TYPE_CHECKING:
     from infer.engine.runtime.stream import RequestStream
+
+
+DraftFilter = Callable[[list[int]], list[int]]
+"""Cuts a sequence's proposed drafts to the prefix it allows (e.g. a grammar keeps the drafts its
+constraint accepts); it must return a prefix of its argument. Called before the drafts are
+scheduled, so rejected positions never reach the model."""
 
 
 class SequenceStatus(Enum):
@@ -49,10 +57,16 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     draft_ids: list[int] = field(default_factory=list)
     """Proposed next tokens, fed after the sequence's own ones and kept only while the model's own
-    draws agree with them (none today: the speculative drafters fill this)."""
+    draws agree with them (the engine fills this from the request's drafter before each step)."""
     constraint: Constraint | None = None
     """The request's grammar matcher (None = free text): it has consumed exactly `generated` once a
     step ends, and masks every logits row before the sampler sees it."""
+    draft_filter: DraftFilter | None = None
+    """Cuts proposed drafts to an allowed prefix before they are scheduled (None = keep them all)."""
+    draft_length: AdaptiveLength | None = None
+    """How many drafts to ask for next (None when the request does not speculate)."""
+    spec_counters: SpecCounters | None = None
+    """What this sequence drafted and what verification kept (None when it does not speculate)."""
     submitted_at: float = field(default_factory=time.perf_counter)
     scheduled_at: float | None = None
     first_token_at: float | None = None
