@@ -14,13 +14,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infer.cli.serve import completions, responses
 from infer.cli.serve.bridge import RETRY_AFTER
 from infer.cli.serve.context import ServeContext
 from infer.cli.serve.errors import error_body, install_error_handlers
+from infer.cli.serve.metrics import CountStatuses, ServerMetrics
 from infer.cli.serve.openapi import install_openapi
 from infer.engine.runtime.engine import Engine
 from infer.profiles.settings import Settings
@@ -119,6 +120,16 @@ def create_app(
     app.include_router(completions.router)
     app.include_router(responses.router)
 
+    metrics = ServerMetrics(engine, ctx.model_id)
+    engine.add_done_listener(metrics.observe)
+
+    @app.get("/metrics", response_class=Response)
+    async def prometheus_metrics() -> Response:
+        """Prometheus text format: requests by finish reason and HTTP status, prompt and generated
+        tokens, running and waiting sequences, KV-cache use, TTFT / inter-token / end-to-end latency
+        histograms, speculative drafted and accepted tokens (vLLM's names, `infer:` prefix)."""
+        return Response(metrics.render(), media_type=metrics.content_type)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         """Liveness and load: 200 while admitting (503 once shutting down); `active_sequences` is what the
@@ -160,4 +171,5 @@ def create_app(
 
     install_openapi(app)
     app.add_middleware(_Gate, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(CountStatuses, metrics=metrics)  # outermost: counts the gate's answers too
     return app

@@ -226,6 +226,22 @@ def _responses_for(path: str, method: str) -> dict[str, Any]:
     return responses
 
 
+def _metrics_responses() -> dict[str, Any]:
+    """GET /metrics: Prometheus text, or the error body (API key, method)."""
+    responses: dict[str, Any] = {
+        "200": {
+            "description": "Prometheus text format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    }
+    for status in ("401", "405"):
+        responses[status] = {
+            "description": _ERROR_STATUSES[status],
+            "content": {"application/json": {"schema": _ref(ErrorResponse)}},
+        }
+    return responses
+
+
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     """The document for `app` (see the module docstring)."""
     document = get_openapi(
@@ -247,6 +263,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         for method, operation in operations.items():
             if path in _GENERATION or path in _READS:
                 operation["responses"] = _responses_for(path, method)
+            elif path == "/metrics":
+                operation["responses"] = _metrics_responses()
     return document
 
 

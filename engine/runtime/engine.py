@@ -114,6 +114,7 @@ class Engine:
         self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._done_listeners: list[Callable[[DoneEvent], None]] = []
 
     def warm_up(self) -> None:
         """Run one throwaway decode row (token 0 at position 0 of a free KV slot), so that whatever a
@@ -563,20 +564,26 @@ class Engine:
             decode_s=(end - first) if first else 0.0,
             ttft_s=(first - seq.submitted_at) if first else 0.0,
         )
-        seq.stream.push(
-            DoneEvent(
-                seq.request.request_id,
-                reason,
-                error,
-                Usage(len(seq.prompt_ids), len(seq.generated)),
-                timings,
-                seq.seed,
-                tuple(seq.generated),
-                seq.output.text,
-                seq.spec_counters.as_counters() if seq.spec_counters is not None else {},
-                error_param=error_param,
-            )
+        done = DoneEvent(
+            seq.request.request_id,
+            reason,
+            error,
+            Usage(len(seq.prompt_ids), len(seq.generated)),
+            timings,
+            seq.seed,
+            tuple(seq.generated),
+            seq.output.text,
+            seq.spec_counters.as_counters() if seq.spec_counters is not None else {},
+            error_param=error_param,
         )
+        seq.stream.push(done)
+        for listener in self._done_listeners:
+            listener(done)
+
+    def add_done_listener(self, listener: Callable[[DoneEvent], None]) -> None:
+        """Call `listener` with every request's DoneEvent, on the thread that ends the request (the
+        server's metrics count requests this way, whichever route or stream consumed them)."""
+        self._done_listeners.append(listener)
 
     # -- background loop (server) --------------------------------------------------------------
     def _background_running(self) -> bool:
