@@ -71,7 +71,7 @@ def test_system_message_goes_into_the_chat_prompt(gen: tuple[str, ...], tmp_path
         (("-f", "/nonexistent/prompt.txt"), None, ["/nonexistent/prompt.txt", "cannot read"]),
         (("-n", "0", PROMPT), None, ["n_predict", "-1 for no limit"]),
         (("--dtype", "float16", PROMPT), None, ["float32 only"]),
-        (("--spec-method", "prompt_lookup", PROMPT), None, ["not implemented"]),
+        (("--spec-ngram-max", "4", PROMPT), None, ["--spec-ngram-max", "not used by"]),
     ],
 )
 def test_contradictions_and_unhonoured_settings_are_errors(gen, args, stdin, parts) -> None:
