@@ -7,7 +7,7 @@ switched off (every layer global), which shows the prompt really exercises the w
 Run once, in a throwaway virtual environment (transformers and torch are never project dependencies):
 
     python3 -m venv /tmp/venv-oracle
-    /tmp/venv-oracle/bin/pip install "torch==2.13.0+cpu" transformers gguf sentencepiece
+    /tmp/venv-oracle/bin/pip install "torch==2.13.0+cpu" transformers accelerate gguf sentencepiece
     /tmp/venv-oracle/bin/python scripts/gemma3_long_oracle.py ~/.cache/infer/models/gemma-3-270m-q4_k_m.gguf \
         tests/reference/gemma3_long_transformers.json
 
@@ -41,7 +41,11 @@ def long_prompt() -> str:
             f"{entry * 7 % 101} bridges, {entry * 13 % 37} museums and {entry * 3 % 17} markets."
         )
         entry += 1
-    lines += ["", "Question: what is the secret code word for this project?", "Answer: The secret code word is"]
+    lines += [
+        "",
+        "Question: what is the secret code word for this project?",
+        "Answer: The secret code word is",
+    ]
     return "\n".join(lines)
 
 

@@ -151,9 +151,7 @@ def write_tiny_gemma3(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    layer_types = tuple(
-        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
-    )
+    layer_types = tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers))
     return TinyGemma3(
         path, final, layer_types, window, hidden, heads, kv_heads, head_dim, eps, theta_global,
         theta_local, softcap,
@@ -186,8 +184,14 @@ def reference_logits(model: TinyGemma3, ids: list[int], *, window: bool = True) 
         p = f"model.layers.{i}."
         sliding = kind == "sliding_attention"
         h = _rms(x, w[p + "input_layernorm.weight"], eps)
-        q = _rms((h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, heads, d), w[p + "self_attn.q_norm.weight"], eps)
-        k = _rms((h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, kv, d), w[p + "self_attn.k_norm.weight"], eps)
+        q = _rms(
+            (h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, heads, d),
+            w[p + "self_attn.q_norm.weight"],
+            eps,
+        )
+        k = _rms(
+            (h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, kv, d), w[p + "self_attn.k_norm.weight"], eps
+        )
         v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, kv, d)
         theta = model.theta_local if sliding else model.theta_global
         q, k = _rope(q, theta), _rope(k, theta)
@@ -207,7 +211,9 @@ def reference_logits(model: TinyGemma3, ids: list[int], *, window: bool = True) 
         h = _rms(x, w[p + "pre_feedforward_layernorm.weight"], eps)
         gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
         gelu = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3)))
-        x = x + _rms((gelu * up) @ w[p + "mlp.down_proj.weight"].T, w[p + "post_feedforward_layernorm.weight"], eps)
+        x = x + _rms(
+            (gelu * up) @ w[p + "mlp.down_proj.weight"].T, w[p + "post_feedforward_layernorm.weight"], eps
+        )
     logits = _rms(x, w["model.norm.weight"], eps) @ w["model.embed_tokens.weight"].T
     if model.softcap is not None:
         logits = np.tanh(logits / model.softcap) * model.softcap
