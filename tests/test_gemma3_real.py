@@ -87,3 +87,25 @@ def test_prompt_longer_than_the_window_decodes_as_transformers(model, checkpoint
         )
         logits = model.forward(batch, cache)
     _follow(model, cache, [case], [0], [len(ids)], logits)
+
+
+def test_cli_pull_names_the_terms_and_raw_greedy_equals_transformers(
+    gemma3_model_path, gemma3_references
+) -> None:
+    import json
+
+    from cli_process import infer_cli
+
+    pulled = infer_cli("models", "pull", "gemma3-270m")
+    assert pulled.returncode == 0 and pulled.stdout.strip() == str(gemma3_model_path)
+    assert "Gemma Terms of Use" in pulled.stderr
+    case = gemma3_references["transformers"]["greedy_32"][2]
+    run = infer_cli(
+        "generate", "--model", "gemma3-270m", "--raw", "--temp", "0", "-n", "32", "--ignore-eos", "--json",
+        case["prompt"],
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["token_ids"] == case["greedy_ids"]
+    chat = infer_cli("generate", "--model", "gemma3-270m", "--chat", "hi")
+    assert chat.returncode == 2 and "no chat template" in chat.stderr
+    assert len(chat.stderr.strip().splitlines()) <= 2  # the error (after the float-copy notice)
