@@ -19,7 +19,7 @@ def chat_template_of(tokenizer: Tokenizer) -> str:
         return CHATML_TEMPLATE
     raise ChatTemplateError(
         "this model ships no chat template (and its vocabulary has no ChatML tokens); "
-        "send a raw prompt instead (--raw)"
+        "send a raw prompt instead (--raw; /v1/completions on the server)"
     )
 
 
