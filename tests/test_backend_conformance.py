@@ -142,17 +142,32 @@ def test_silu_mul(backend: Backend) -> None:
     np.testing.assert_allclose(host(backend, got), g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
 
 
+def test_gelu_mul(backend: Backend) -> None:
+    """GeGLU with the tanh gelu (PyTorch's gelu(approximate="tanh")), saturating both ways."""
+    width = 24
+    gate_up = f32(rng(16).standard_normal((4, 2 * width)) * 4)
+    gate_up[0, :2] = (-40.0, 40.0)
+    g, u = gate_up[:, :width].astype(np.float64), gate_up[:, width:].astype(np.float64)
+    expected = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) * u
+    got = backend.gelu_mul(backend.asarray(gate_up.copy()), width)
+    np.testing.assert_allclose(host(backend, got), expected, rtol=1e-5, atol=1e-6)
+
+
 # ---- write_kv and attention ------------------------------------------------------------------------
 
 HEADS, KV_HEADS, HEAD_DIM, SLOTS, CAPACITY, LAYERS = 4, 2, 8, 5, 32, 2
 
 
-def reference_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int) -> np.ndarray:
-    """One query row q [heads, d] against keys/values [positions, kv_heads, d], seeing <= position."""
+def reference_attention(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int, window: int | None = None
+) -> np.ndarray:
+    """One query row q [heads, d] against keys/values [positions, kv_heads, d], seeing <= position
+    (and > position - window with a window)."""
     group = HEADS // KV_HEADS
     out = np.empty((HEADS, HEAD_DIM))
+    first = 0 if window is None else max(0, position + 1 - window)
     for h in range(HEADS):
-        k, v = keys[: position + 1, h // group], values[: position + 1, h // group]
+        k, v = keys[first : position + 1, h // group], values[first : position + 1, h // group]
         scores = k @ q[h]
         weights = np.exp(scores - scores.max())
         out[h] = weights @ v / weights.sum()
@@ -169,8 +184,11 @@ class Sequences:
         self.values = np.zeros_like(self.keys)
         self.generator = rng(12)
 
-    def step(self, segments: list[tuple[int, int, int]], layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Write random k/v for `segments` (slot, start, length), attend random q; (got, expected)."""
+    def step(
+        self, segments: list[tuple[int, int, int]], layer: int, window: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Write random k/v for `segments` (slot, start, length), attend random q (within `window`
+        positions when given); (got, expected)."""
         slots = np.asarray([s for s, _, _ in segments], dtype=np.int64)
         starts = np.asarray([p for _, p, _ in segments], dtype=np.int64)
         lengths = np.asarray([n for _, _, n in segments], dtype=np.int64)
@@ -184,21 +202,25 @@ class Sequences:
         b.write_kv(self.cache, layer, row_slots, positions, b.asarray(k), b.asarray(v))
         self.keys[layer, row_slots, positions] = k
         self.values[layer, row_slots, positions] = v
-        got = b.attention(b.asarray(q), self.cache, layer, AttentionPlan.build(slots, starts, lengths))
+        plan = AttentionPlan.build(slots, starts, lengths)
+        got = b.attention(
+            b.asarray(q), self.cache, layer, plan if window is None else plan.with_window(window)
+        )
         layer_keys, layer_values = self.keys[layer], self.values[layer]
         expected = np.stack(
             [
-                reference_attention(q[i], layer_keys[slot], layer_values[slot], pos)
+                reference_attention(q[i], layer_keys[slot], layer_values[slot], pos, window)
                 for i, (slot, pos) in enumerate(zip(row_slots, positions, strict=True))
             ]
         )
         return host(b, got), expected
 
 
+@pytest.mark.parametrize("window", [None, 4])
 @pytest.mark.parametrize("layer", [0, 1])
-def test_prefill_then_decode_attention_with_gqa(backend: Backend, layer: int) -> None:
+def test_prefill_then_decode_attention_with_gqa(backend: Backend, layer: int, window: int | None) -> None:
     """Chunked prefill (a second chunk starting mid-sequence), then batched decode rows of slots of
-    different lengths in every arrangement the plan distinguishes."""
+    different lengths in every arrangement the plan distinguishes; with a sliding window too."""
     seqs = Sequences(backend)
     steps = [
         [(0, 0, 7), (2, 0, 3), (3, 0, 11)],  # prefill only
@@ -208,7 +230,7 @@ def test_prefill_then_decode_attention_with_gqa(backend: Backend, layer: int) ->
         [(3, 13, 1), (0, 13, 1)],  # unaligned decode: slot order differs from row order
     ]
     for segments in steps:
-        got, expected = seqs.step(segments, layer)
+        got, expected = seqs.step(segments, layer, window)
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=str(segments))
 
 

@@ -46,6 +46,13 @@ class AttentionPlan:
     """How many positions every batch row attends to (its own position + 1), int64 [rows]."""
     row_run_length: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Rows its sequence brings to this batch, for every batch row (1 for a decode row)."""
+    window: int | None = None
+    """Sliding-window attention: a row at position p sees positions (p - window, p] only; None: all <= p."""
+    row_first: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """First position every batch row attends to (0 without a window), int64 [rows]."""
+    decode_offset: int = 0
+    """First cache position the batched decode rows read (the smallest of their first positions);
+    `decode_mask`, when set, covers positions [decode_offset, decode_width)."""
 
     @classmethod
     def build(cls, slots: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> AttentionPlan:
@@ -59,7 +66,31 @@ class AttentionPlan:
                 [np.arange(s + 1, s + n + 1) for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
             ).astype(np.int64),
             row_run_length=np.repeat(lengths, lengths).astype(np.int64),
+            row_first=np.zeros(int(lengths.sum()), dtype=np.int64),
         )
+
+    def with_window(self, window: int) -> AttentionPlan:
+        """The same batch with sliding-window attention: each row sees its last `window` positions.
+
+        A row's visible positions stay a function of its own position, so batch invariance holds.
+        """
+        if window < 1:
+            raise ValueError(f"attention window must be at least 1, got {window}")
+        row_first = np.maximum(self.row_visible - window, 0)
+        plan = replace(self, window=window, row_first=row_first)
+        if not self.decode_rows.size or not row_first[self.decode_rows].any():
+            return plan
+        # Batched decode (BLAS mode): read from the smallest first position on, mask what each row
+        # may not see on either side.
+        first = np.zeros(self.slot_hi - self.slot_lo, dtype=np.int64)
+        visible = np.full(self.slot_hi - self.slot_lo, self.decode_width, dtype=np.int64)
+        first[self.decode_slots - self.slot_lo] = row_first[self.decode_rows]
+        visible[self.decode_slots - self.slot_lo] = self.row_visible[self.decode_rows]
+        offset = int(first[self.decode_slots - self.slot_lo].min())
+        cols = np.arange(offset, self.decode_width)[None, :]
+        seen = (cols >= first[:, None]) & (cols < visible[:, None])
+        mask = np.where(seen, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)[:, None, None, :]
+        return replace(plan, decode_offset=offset, decode_mask=mask)
 
     @classmethod
     def _build(cls, slots: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> AttentionPlan:
@@ -98,8 +129,12 @@ class AttentionPlan:
         return cls(rows, slot_array, lo, hi, width, mask, tuple(prefill), aligned)
 
 
-def causal_mask(start: int, length: int) -> np.ndarray:
-    """Additive host mask [length, start + length]: row t sees positions <= start + t."""
-    cols = np.arange(start + length)
+def causal_mask(start: int, length: int, window: int | None = None, first: int = 0) -> np.ndarray:
+    """Additive host mask [length, start + length - first] over positions first..start+length-1: row t
+    sees positions <= start + t (and, with a `window`, > start + t - window)."""
+    cols = np.arange(first, start + length)
     rows = np.arange(start, start + length)[:, None]
-    return np.where(cols <= rows, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+    seen = cols <= rows
+    if window is not None:
+        seen &= cols > rows - window
+    return np.where(seen, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)

@@ -121,6 +121,10 @@ class Backend(Protocol):
         """SwiGLU: silu(gate) * up for gate_up = [gate | up] along the last axis, each `width` wide."""
         ...
 
+    def gelu_mul(self, gate_up: Array, width: int) -> Array:
+        """GeGLU: gelu(gate) * up (tanh approximation) for gate_up = [gate | up], each `width` wide."""
+        ...
+
     # -- the KV cache ---------------------------------------------------------------------------
     def write_kv(
         self, cache: KVCache, layer: int, slots: np.ndarray, positions: np.ndarray, k: Array, v: Array
@@ -131,5 +135,6 @@ class Backend(Protocol):
 
     def attention(self, q: Array, cache: KVCache, layer: int, plan: AttentionPlan) -> Array:
         """Causal grouped-query attention of q [rows, heads, head_dim] against each row's own
-        sequence in `cache` (positions <= its own, as `plan` says): [rows, heads, head_dim]."""
+        sequence in `cache` (positions <= its own, and within `plan.window` of it when the plan has
+        one, as `plan` says): [rows, heads, head_dim]."""
         ...

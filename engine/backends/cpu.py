@@ -295,6 +295,23 @@ class CpuBackend:
         np.divide(up, gate, out=gate)
         return gate
 
+    def gelu_mul(self, gate_up: np.ndarray, width: int) -> np.ndarray:
+        """GeGLU: gelu(gate) * up with the tanh approximation (PyTorch's gelu(approximate="tanh")),
+        0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u, in float32; overwrites `gate_up`."""
+        gate = gate_up[:, :width]
+        up = gate_up[:, width:]
+        inner = gate * gate
+        inner *= np.float32(0.044715)
+        inner += np.float32(1.0)
+        inner *= gate
+        inner *= np.float32(math.sqrt(2.0 / math.pi))
+        np.tanh(inner, out=inner)
+        inner += np.float32(1.0)
+        inner *= np.float32(0.5)
+        np.multiply(gate, up, out=up)
+        np.multiply(inner, up, out=gate)
+        return gate
+
     def exp_rows(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """exp without the usual row-max pass (the slowest part of a small softmax), since attention
         scores rarely leave [-69, 69]. A row keeps the unshifted exp when its sum lies in
@@ -361,37 +378,55 @@ class CpuBackend:
                 picked = dense_out[plan.decode_slots - plan.slot_lo]
                 out[plan.decode_rows] = picked.reshape(-1, heads, head_dim)
         for run in plan.prefill:
-            self._prefill_attention(q, keys, values, run, out)
+            self._prefill_attention(q, keys, values, run, out, plan.window)
         return out
 
     def _kernel_attention(
         self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, plan: AttentionPlan
     ) -> np.ndarray:
-        from infer.engine.backends.cpu_kernels.attention import row_attention
+        from infer.engine.backends.cpu_kernels.attention import window_row_attention
 
         q = np.ascontiguousarray(q)
         out = np.empty_like(q)
         short = np.flatnonzero(plan.row_run_length <= KERNEL_ROWS)
         if short.size:
-            row_attention(q, keys, values, short, plan.row_slots[short], plan.row_visible[short], out)
+            window_row_attention(
+                q,
+                keys,
+                values,
+                short,
+                plan.row_slots[short],
+                plan.row_first[short],
+                plan.row_visible[short],
+                out,
+            )
         for run in plan.prefill:
             if run.length > KERNEL_ROWS:
-                self._prefill_attention(q, keys, values, run, out)
+                self._prefill_attention(q, keys, values, run, out, plan.window)
         return out
 
     def _prefill_attention(
-        self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, run: PrefillRun, out: np.ndarray
+        self,
+        q: np.ndarray,
+        keys: np.ndarray,
+        values: np.ndarray,
+        run: PrefillRun,
+        out: np.ndarray,
+        window: int | None = None,
     ) -> None:
-        """The rows of one prefill run against their sequence's positions, causally, into `out`."""
+        """The rows of one prefill run against their sequence's positions, causally (and within the
+        sliding `window` when given: positions before the run's first row's window are not read),
+        into `out`."""
         _, heads, head_dim = q.shape
         kv_heads = keys.shape[1]
         group = heads // kv_heads
         row, length, total = run.row, run.length, run.start + run.length
+        first = 0 if window is None else max(0, run.start + 1 - window)
         seg_q = q[row : row + length].reshape(length, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
-        scores = seg_q @ keys[run.slot, :, :total].transpose(0, 2, 1)[:, None]
-        scores += causal_mask(run.start, length)
+        scores = seg_q @ keys[run.slot, :, first:total].transpose(0, 2, 1)[:, None]
+        scores += causal_mask(run.start, length, window, first)
         self.softmax_(scores)
-        seg_out = scores @ values[run.slot, :, :total][:, None]
+        seg_out = scores @ values[run.slot, :, first:total][:, None]
         out[row : row + length] = seg_out.transpose(2, 0, 1, 3).reshape(length, heads, head_dim)
 
     def _decode_attention(
@@ -408,11 +443,12 @@ class CpuBackend:
         else:
             dense_q = np.zeros((hi - lo, kv_heads, group, head_dim), dtype=q.dtype)
             dense_q[plan.decode_slots - lo] = q[plan.decode_rows].reshape(-1, kv_heads, group, head_dim)
-        scores = dense_q @ keys[lo:hi, :, :width].transpose(0, 1, 3, 2)
+        offset = plan.decode_offset  # > 0 only when every row's sliding window starts past it
+        scores = dense_q @ keys[lo:hi, :, offset:width].transpose(0, 1, 3, 2)
         if plan.decode_mask is not None:
             scores += plan.decode_mask
         # Normalising the [.., group, head_dim] output instead of the scores saves a pass over them.
         weights, sums = self.exp_rows(scores)
-        out = weights @ values[lo:hi, :, :width]
+        out = weights @ values[lo:hi, :, offset:width]
         out /= sums
         return out

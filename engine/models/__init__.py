@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from infer.engine.models.base import Checkpoint, Model, ModelConfig, ModelFamily, ModelLoadError
+from infer.engine.models.gemma3 import GEMMA3_FAMILY
 from infer.engine.models.llama import LLAMA_FAMILY
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class FamilyRegistry:
         )
 
 
-REGISTRY = FamilyRegistry([LLAMA_FAMILY])
+REGISTRY = FamilyRegistry([LLAMA_FAMILY, GEMMA3_FAMILY])
 """The families this build knows; tests and plug-ins add theirs with `register`."""
 
 

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from infer.engine.text.chat import CHATML_TEMPLATE, render_chat
+from infer.engine.text.chat import CHATML_TEMPLATE, ChatTemplateError, render_chat
 from infer.engine.text.sandbox import TemplateSandbox
 from infer.engine.text.tokenizer import Tokenizer
 
+_CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
+
 
 def chat_template_of(tokenizer: Tokenizer) -> str:
-    """The model's own chat template, or ChatML when it ships none."""
-    return tokenizer.chat_template or CHATML_TEMPLATE
+    """The model's own chat template, or ChatML when it ships none but its vocabulary has ChatML's
+    tokens; ChatTemplateError otherwise (ChatML spelled in plain text would only confuse the model)."""
+    if tokenizer.chat_template:
+        return tokenizer.chat_template
+    if all(tokenizer.token_id(text) is not None for text in _CHATML_TOKENS):
+        return CHATML_TEMPLATE
+    raise ChatTemplateError(
+        "this model ships no chat template (and its vocabulary has no ChatML tokens); "
+        "send a raw prompt instead (--raw; /v1/completions on the server)"
+    )
 
 
 def render_messages(

@@ -393,6 +393,10 @@ class Tokenizer:
             text = text[1:]
         return text
 
+    def token_id(self, text: str) -> int | None:
+        """The id of the token spelled exactly `text` (a special token's text included), or None."""
+        return self._hf.token_to_id(text)
+
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes a token contributes to decoded text (a fragment of a character for byte tokens)."""
         return self._token_bytes[self._checked((token_id,))[0]]

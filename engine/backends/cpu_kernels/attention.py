@@ -37,7 +37,6 @@ def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:
     return lanes[0]
 
 
-@numba.njit(cache=True, parallel=True)
 def row_attention(
     q: np.ndarray,
     keys: np.ndarray,
@@ -47,10 +46,27 @@ def row_attention(
     visible: np.ndarray,
     out: np.ndarray,
 ) -> None:
-    """out[r] = softmax(q[r] . K[slot, :, :n]) V[slot, :, :n] for r in `rows` (n = visible[i]).
+    """out[r] = softmax(q[r] . K[slot, :, :n]) V[slot, :, :n] for r in `rows` (n = visible[i]); see
+    `window_row_attention`, which this is with every row seeing from position 0."""
+    window_row_attention(q, keys, values, rows, slots, np.zeros_like(visible), visible, out)
+
+
+@numba.njit(cache=True, parallel=True)
+def window_row_attention(
+    q: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    rows: np.ndarray,
+    slots: np.ndarray,
+    first: np.ndarray,
+    visible: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """out[r] = softmax(q[r] . K[slot, :, f:n]) V[slot, :, f:n] for r in `rows` (f = first[i], n =
+    visible[i]: positions f..n-1; f > 0 for sliding-window attention).
 
     q, out: float32 [batch_rows, heads, head_dim]; keys, values: [slots, kv_heads, capacity, head_dim];
-    rows, slots, visible: int64 [m]. Heads share kv heads in groups (grouped-query attention). Scores
+    rows, slots, first, visible: int64 [m]. Heads share kv heads in groups (grouped-query attention). Scores
     are not scaled here (the scale is folded into q). Parallel over (row, kv head): one task computes
     a whole row-head, so the thread count never changes a result.
     """
@@ -61,27 +77,27 @@ def row_attention(
     for task in numba.prange(rows.shape[0] * kv_heads):
         i = task // kv_heads
         kv = task % kv_heads
-        row, slot, n = rows[i], slots[i], visible[i]
-        weights = np.empty(n, dtype=np.float32)
+        row, slot, f, n = rows[i], slots[i], first[i], visible[i]
+        weights = np.empty(n - f, dtype=np.float32)
         for g in range(group):
             head = kv * group + g
             query = q[row, head]
             top = np.float32(-np.inf)
-            for p in range(n):
+            for p in range(f, n):
                 score = _dot(query, keys[slot, kv, p])
-                weights[p] = score
+                weights[p - f] = score
                 if score > top:
                     top = score
             total = np.float32(0.0)
-            for p in range(n):
-                e = np.float32(math.exp(weights[p] - top))
-                weights[p] = e
+            for p in range(f, n):
+                e = np.float32(math.exp(weights[p - f] - top))
+                weights[p - f] = e
                 total += e
             target = out[row, head]
             for j in range(head_dim):
                 target[j] = 0.0
-            for p in range(n):
-                w = weights[p]
+            for p in range(f, n):
+                w = weights[p - f]
                 value = values[slot, kv, p]
                 for j in range(head_dim):
                     target[j] += w * value[j]

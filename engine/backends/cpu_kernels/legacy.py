@@ -1,9 +1,11 @@
-"""Kernels on raw GGUF blocks of the legacy 32-weight types: Q4_0, Q4_1, Q8_0.
+"""Kernels on raw GGUF blocks of the legacy 32-weight types: Q4_0, Q4_1, Q8_0, Q5_0 (exact only).
 
 Block layouts (little-endian, ggml-common.h):
     Q4_0: d f16, qs[16]          weight j = d * ((qs[j] & 15) - 8), weight j + 16 = d * ((qs[j] >> 4) - 8)
     Q4_1: d f16, m f16, qs[16]   weight j = d * (qs[j] & 15) + m,   weight j + 16 = d * (qs[j] >> 4) + m
     Q8_0: d f16, qs[32] int8     weight j = d * qs[j]
+    Q5_0: d f16, qh u32, qs[16]  weight j = d * ((qs[j] & 15 | bit j of qh << 4) - 16),
+                                 weight j + 16 = d * ((qs[j] >> 4 | bit j + 16 of qh << 4) - 16)
 
 matmul_exact decodes each block in vector registers (simd.py) and uses it for up to 4 activation rows
 at once: the weights are read from memory once per call for all B rows. dequantize_rows uses the same
@@ -97,6 +99,26 @@ def _q8_0_row(row, w):
         base = k * QK
         for j in range(QK):
             w[base + j] = d * np.float32(qs[off + 2 + j])
+
+
+@njit(inline="always", cache=True)
+def _q5_0_row(row, w):
+    for k in range(w.shape[0] // QK):
+        off = k * 22
+        d = half_to_f32(row[off], row[off + 1])
+        qh = (
+            np.uint32(row[off + 2])
+            | (np.uint32(row[off + 3]) << np.uint32(8))
+            | (np.uint32(row[off + 4]) << np.uint32(16))
+            | (np.uint32(row[off + 5]) << np.uint32(24))
+        )
+        base = k * QK
+        for j in range(16):
+            q = row[off + 6 + j]
+            low = np.int32(q & 15) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
+            high = np.int32(q >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
+            w[base + j] = d * np.float32(low - 16)
+            w[base + 16 + j] = d * np.float32(high - 16)
 
 
 # ---- Q4_0
@@ -384,9 +406,45 @@ def q8_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np
     q8_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
 
 
+# ---- Q5_0 (exact only: no int8 path, so `int8` mode runs it exactly)
+
+
+@njit(cache=True, parallel=True)
+def q5_0_matmul_exact(blocks, x, out):
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q5_0 blocks, as q4_0_matmul_exact (same tiling and order)."""
+    batch = x.shape[0]
+    if batch == 1:
+        for o in prange(blocks.shape[0]):
+            (out[0, o],) = simd.q5_0_dot1(blocks[o], x, 0)
+        return
+    full = batch - batch % 4
+    rest = batch % 4
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, full, 4):
+            for o in range(first, last):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q5_0_dot4(blocks[o], x, b)
+        for o in range(first, last):
+            if rest == 1:
+                (out[full, o],) = simd.q5_0_dot1(blocks[o], x, full)
+            elif rest == 2:
+                out[full, o], out[full + 1, o] = simd.q5_0_dot2(blocks[o], x, full)
+            elif rest == 3:
+                out[full, o], out[full + 1, o], out[full + 2, o] = simd.q5_0_dot3(blocks[o], x, full)
+
+
+@njit(cache=True, parallel=True)
+def q5_0_dequantize_rows(blocks, start, stop, out):
+    """out[r - start] = row r of W as float32, exactly as gguf's dequantize."""
+    for r in prange(start, stop):
+        _q5_0_row(blocks[r], out[r - start])
+
+
 LEGACY_KERNELS: dict[str, QuantKernels] = {
     "Q4_0": QuantKernels("Q4_0", QK, 18, q4_0_matmul_exact, q4_0_matmul_int8, q4_0_dequantize_rows),
     "Q4_1": QuantKernels("Q4_1", QK, 20, q4_1_matmul_exact, q4_1_matmul_int8, q4_1_dequantize_rows),
     "Q8_0": QuantKernels("Q8_0", QK, 34, q8_0_matmul_exact, q8_0_matmul_int8, q8_0_dequantize_rows),
+    "Q5_0": QuantKernels("Q5_0", QK, 22, q5_0_matmul_exact, None, q5_0_dequantize_rows),
 }
 """The legacy 32-weight block types."""

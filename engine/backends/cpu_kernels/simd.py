@@ -4,7 +4,8 @@ Plain @njit loops over the bytes of a block get scalarised or gathered by LLVM; 
 code directly. Each block's 16 nibble bytes are loaded as one <16 x i8>, split into the low nibbles
 (weights 0..15 of the block, against x[0:16]) and the high nibbles (weights 16..31, against x[16:32])
 by and/shift, widened to <16 x float> and dequantized in registers (Q4_1: fma(d, q, m); Q4_0:
-d * (q - 8); Q8_0: d * q). One decoded block serves 1 to 4 activation rows.
+d * (q - 8); Q8_0: d * q; Q5_0: d * ((nibble | 5th bit from qh << 4) - 16)). One decoded block serves
+1 to 4 activation rows.
 
 The reduction order is written here and is the same for every row and every call: per activation row
 four 16-lane float32 accumulators, low halves and high halves of the blocks each in two chains taking
@@ -27,7 +28,9 @@ _I8 = ir.IntType(8)
 _I16 = ir.IntType(16)
 _I64 = ir.IntType(64)
 _F32 = ir.FloatType()
+_I32 = ir.IntType(32)
 _V16I8 = ir.VectorType(_I8, 16)
+_V16I32 = ir.VectorType(_I32, 16)
 _V16F = ir.VectorType(_F32, 16)
 
 # block bytes, offset of the quants, scales (d only, or d and m), nibbles (True) or int8 (False)
@@ -35,6 +38,7 @@ _LAYOUTS = {
     "q4_0": (18, 2, False, True),
     "q4_1": (20, 4, True, True),
     "q8_0": (34, 2, False, False),
+    "q5_0": (22, 6, False, True),  # d f16, qh u32 (the 5th bit of each weight), qs[16]
 }
 
 
@@ -123,7 +127,28 @@ def _rows_dot_codegen(kind: str, rows: int):
             q = load_vec(builder, qp, _V16I8)
             lo = builder.and_(q, ir.Constant(_V16I8, [15] * 16))
             hi = builder.lshr(q, ir.Constant(_V16I8, [4] * 16))
-            if has_min:  # Q4_1: d * q + m, one rounding
+            if kind == "q5_0":  # 5th bits from qh: weight j takes bit j, weight j + 16 bit j + 16
+                qh = builder.load(
+                    builder.bitcast(builder.gep(blk, [ir.Constant(_I64, 2)]), _I32.as_pointer()), align=1
+                )
+                qh_lanes = builder.shuffle_vector(
+                    builder.insert_element(ir.Constant(_V16I32, ir.Undefined), qh, ir.Constant(_I32, 0)),
+                    ir.Constant(_V16I32, ir.Undefined),
+                    ir.Constant(_V16I32, None),
+                )
+                one = ir.Constant(_V16I32, [1] * 16)
+                bits = []
+                for first in (0, 16):
+                    shifted = builder.lshr(qh_lanes, ir.Constant(_V16I32, list(range(first, first + 16))))
+                    bits.append(
+                        builder.shl(
+                            builder.trunc(builder.and_(shifted, one), _V16I8), ir.Constant(_V16I8, [4] * 16)
+                        )
+                    )
+                sixteen = ir.Constant(_V16I8, [16] * 16)
+                w0 = builder.fmul(d, builder.sitofp(builder.sub(builder.or_(lo, bits[0]), sixteen), _V16F))
+                w1 = builder.fmul(d, builder.sitofp(builder.sub(builder.or_(hi, bits[1]), sixteen), _V16F))
+            elif has_min:  # Q4_1: d * q + m, one rounding
                 w0 = fma(builder, d, builder.uitofp(lo, _V16F), m)
                 w1 = fma(builder, d, builder.uitofp(hi, _V16F), m)
             else:  # Q4_0: d * (q - 8), q - 8 exact in int8
@@ -205,3 +230,4 @@ def _make(kind: str, rows: int):
 q4_0_dot1, q4_0_dot2, q4_0_dot3, q4_0_dot4 = (_make("q4_0", r) for r in (1, 2, 3, 4))
 q4_1_dot1, q4_1_dot2, q4_1_dot3, q4_1_dot4 = (_make("q4_1", r) for r in (1, 2, 3, 4))
 q8_0_dot1, q8_0_dot2, q8_0_dot3, q8_0_dot4 = (_make("q8_0", r) for r in (1, 2, 3, 4))
+q5_0_dot1, q5_0_dot2, q5_0_dot3, q5_0_dot4 = (_make("q5_0", r) for r in (1, 2, 3, 4))
