@@ -11,6 +11,7 @@ batch it runs in. The host-side helpers (bfloat16 rounding, launch geometry) are
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -295,6 +296,14 @@ class CudaBackend:
         )
         return x
 
+    def gelu_mul(self, gate_up: Any, width: int) -> Any:
+        """GeGLU: gelu(gate) * up with the tanh approximation, in float32 array ops."""
+        cp = self.xp
+        gate_up = cp.asarray(gate_up, dtype=cp.float32)
+        gate, up = gate_up[:, :width], gate_up[:, width:]
+        inner = cp.float32(math.sqrt(2.0 / math.pi)) * (gate + cp.float32(0.044715) * gate * gate * gate)
+        return cp.float32(0.5) * gate * (cp.float32(1.0) + cp.tanh(inner)) * up
+
     def silu_mul(self, gate_up: Any, width: int) -> Any:
         """The silu_mul kernel."""
         cp = self.xp
@@ -328,7 +337,13 @@ class CudaBackend:
         )
 
     def attention(self, q: Any, cache: KVCache, layer: int, plan: AttentionPlan) -> Any:
-        """The row_attention kernel over every row (decode and prefill alike), each on its own slot."""
+        """The row_attention kernel over every row (decode and prefill alike), each on its own slot.
+        Sliding windows (Gemma 3) are not in the kernel yet: refused rather than attended in full."""
+        if plan.window is not None and plan.row_first.any():
+            raise BackendError(
+                "sliding-window attention (Gemma 3) is not implemented on the cuda backend yet; "
+                "use --profile cpu or metal"
+            )
         cp = self.xp
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         rows, heads, head_dim = q.shape

@@ -11,6 +11,7 @@ through our loader and reach MLX as float32 numpy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -267,6 +268,13 @@ class MetalBackend:
         gate, up = gate_up[:, :width], gate_up[:, width:]
         return gate * mx.sigmoid(gate) * up
 
+    def gelu_mul(self, gate_up: Any, width: int) -> Any:
+        """GeGLU: gelu(gate) * up with the tanh approximation, for gate_up = [gate | up]."""
+        mx = self.mx
+        gate, up = gate_up[:, :width], gate_up[:, width:]
+        inner = math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate * gate * gate)
+        return 0.5 * gate * (1.0 + mx.tanh(inner)) * up
+
     # -- the KV cache ---------------------------------------------------------------------------
     def write_kv(
         self, cache: KVCache, layer: int, slots: np.ndarray, positions: np.ndarray, k: Any, v: Any
@@ -292,9 +300,9 @@ class MetalBackend:
         if plan.decode_rows.size:
             slots = plan.decode_slots
             slot_index = mx.array(slots.astype(np.int32))
-            width = plan.decode_width
-            keys = cache.keys[layer, slot_index, :, :width]
-            values = cache.values[layer, slot_index, :, :width]
+            width, offset = plan.decode_width, plan.decode_offset  # offset > 0 only with a window
+            keys = cache.keys[layer, slot_index, :, offset:width]
+            values = cache.values[layer, slot_index, :, offset:width]
             mask = None
             if plan.decode_mask is not None:
                 mask = mx.array(plan.decode_mask[slots - plan.slot_lo] == 0)  # [n, 1, 1, width]: True = seen
@@ -307,7 +315,7 @@ class MetalBackend:
             run_q = q[run.row : run.row + run.length].transpose(1, 0, 2)[None]
             keys = cache.keys[layer, run.slot, :, :total][None]
             values = cache.values[layer, run.slot, :, :total][None]
-            mask = mx.array(causal_mask(run.start, run.length) == 0)
+            mask = mx.array(causal_mask(run.start, run.length, plan.window) == 0)
             out = mx.fast.scaled_dot_product_attention(run_q, keys, values, scale=1.0, mask=mask)
             pieces.append(out[0].transpose(1, 0, 2))
             order.append(np.arange(run.row, run.row + run.length))
