@@ -42,7 +42,9 @@ class Pet(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(default_model_path: Path) -> Iterator[ServerProcess]:
-    process = start_server(["-m", str(default_model_path), "-c", "512", "--max-num-seqs", "4"])
+    process = start_server(
+        ["-m", str(default_model_path), "-c", "512", "--max-num-seqs", "4", "--alias", "any"]
+    )
     yield process
     assert process.stop() == 0, process.stderr
 

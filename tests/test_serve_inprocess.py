@@ -257,31 +257,35 @@ def test_a_full_queue_is_shed_with_503_and_retry_after(default_model_path: Path,
 
 
 @pytest.mark.real_model
-def test_metrics_count_requests_tokens_and_statuses(url: str) -> None:
+def test_metrics_count_requests_tokens_and_statuses(default_model_path: Path, settings: Settings) -> None:
     """/metrics in Prometheus text: a finished request moves the request, token and latency series,
     and each HTTP answer is counted by route and status."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        response = httpx.get(f"{url}/metrics", timeout=30)
-        assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text)
-            for s in family.samples
-        }
+    engine = load_engine(default_model_path, EngineConfig(ctx_size=256, max_num_seqs=2))
+    with TestClient(create_app(engine, settings, model_id="m")) as client:  # its own engine loop
 
-    def value(samples: dict, name: str, **labels: str) -> float:
-        return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
+        def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            response = client.get("/metrics")
+            assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+            return {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(response.text)
+                for s in family.samples
+            }
 
-    before = scrape()
-    answer = _client(url).chat.completions.create(model="m", messages=MESSAGES, max_tokens=3)
-    assert httpx.post(f"{url}{CHAT}", json={"messages": []}, timeout=30).status_code == 400
-    after = scrape()
+        def value(samples: dict, name: str, **labels: str) -> float:
+            return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
+
+        before = scrape()
+        answer = client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 3}).json()
+        assert client.post(CHAT, json={"messages": []}).status_code == 400
+        after = scrape()
+    usage = answer["usage"]
     grew = [
-        (name, value(after, name, **labels) - value(before, name, **labels))
+        value(after, name, **labels) - value(before, name, **labels)
         for name, labels in (
-            ("infer:request_success_total", {"finished_reason": answer.choices[0].finish_reason}),
+            ("infer:request_success_total", {"finished_reason": answer["choices"][0]["finish_reason"]}),
             ("infer:generation_tokens_total", {}),
             ("infer:prompt_tokens_total", {}),
             ("infer:time_to_first_token_seconds_count", {}),
@@ -289,13 +293,6 @@ def test_metrics_count_requests_tokens_and_statuses(url: str) -> None:
             ("infer:http_requests_total", {"path": CHAT, "status": "400"}),
         )
     ]
-    assert [grown for _, grown in grew] == [
-        1,
-        answer.usage.completion_tokens,
-        answer.usage.prompt_tokens,
-        1,
-        1,
-        1,
-    ], grew
+    assert grew == [1, usage["completion_tokens"], usage["prompt_tokens"], 1, 1, 1]
     assert value(after, "infer:num_requests_running") == 0
     assert 0 <= value(after, "infer:kv_cache_usage_perc") <= 1
