@@ -83,6 +83,12 @@ def test_generate_ctrl_c_prints_the_text_so_far_and_exits_130(default_model_path
     assert "one" in term.stdout.lower(), term.stdout  # the partial text is printed, streamed or not
 
 
+def reading_keys(output: str) -> bool:
+    """A prompt is reading keys in raw mode now: prompt_toolkit turns bracketed paste on
+    (ESC[?2004h) as each prompt starts and off (ESC[?2004l) as it ends."""
+    return output.rfind("\x1b[?2004h") > output.rfind("\x1b[?2004l")
+
+
 def test_chat_line_editing_history_clear_and_exit(tiny_gguf: Path, tmp_path: Path) -> None:
     term = Terminal.spawn(
         ["chat", "-m", str(tiny_gguf), "--temp", "0", "-n", "4", "-t", "1"],
@@ -101,12 +107,12 @@ def test_chat_line_editing_history_clear_and_exit(tiny_gguf: Path, tmp_path: Pat
         term.type("hi again\r")
         assert term.wait_for(lambda: len(stats()) == 2, timeout=30), term.stderr.decode()
         assert int(stats()[1].group(2)) > first_prompt  # the conversation so far is in the prompt
-        prompts = term.stdout.count(">>>")
         term.type("/clear\r")
         assert term.wait_for(lambda: b"conversation cleared" in term.stderr, timeout=30)
-        # Type the arrows only once the next prompt is drawn: before that the terminal is still in
-        # cooked mode and would echo them as ^[[A (prompt_toolkit still reads them afterwards).
-        assert term.wait_for(lambda: term.stdout.count(">>>") > prompts, timeout=30)
+        # Type the arrows only once the next prompt has put the terminal in raw mode: before that
+        # it is still in cooked mode and would echo them as ^[[A. (Counting ">>>" is not enough:
+        # the line being submitted is redrawn with its ">>>" too.)
+        assert term.wait_for(lambda: reading_keys(term.stdout), timeout=30)
         term.type("\x1b[A\x1b[A\x1b[A\r")  # up three times: "hello" from the history
         assert term.wait_for(lambda: len(stats()) == 3, timeout=30), term.stderr.decode()
         assert int(stats()[2].group(2)) == first_prompt  # /clear forgot the conversation
