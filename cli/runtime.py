@@ -134,11 +134,21 @@ def kernel_threads(threads: int) -> None:
 
 
 def idle_threads_sleep() -> None:
-    """Make the kernels' OpenMP threads sleep when idle instead of spinning (OMP_WAIT_POLICY=PASSIVE),
-    unless the user chose a policy. Spinning threads wait at every barrier for a partner the OS has not
-    scheduled: with other processes on the cores, decode fell to 1-3 tok/s where passive threads keep
-    ~30 (scripts/bench_contention.py). Must run before the kernels' first parallel call."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """Let the kernels' OpenMP threads spin only briefly at a barrier, then sleep, unless the user
+    chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
+
+    Endless spinning waits for a partner the OS has not scheduled: with other processes on the cores,
+    decode fell to 1-3 tok/s (scripts/bench_contention.py). Sleeping at once (PASSIVE) costs a futex
+    wake per parallel region: decode fell from ~185 to ~63 tok/s on an idle 2-core machine, and libgomp
+    uses that short "throttled" spin anyway whenever its threads outnumber the cores (the engine's
+    step thread beside the main thread's pool). ACTIVE with a bounded count (20,000 spins, some tens
+    of microseconds: longer than the gap between two kernels of one step, far shorter than a time
+    slice) keeps both: 200 tok/s idle, from the main or a background thread. Must run before the
+    kernels' first parallel call."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+    os.environ["GOMP_SPINCOUNT"] = "20000"
 
 
 def use_kernel_cache() -> None:

@@ -158,14 +158,17 @@ def test_threads_reach_the_engines_step_thread(tiny_gguf: Path) -> None:
     assert numba.config.NUMBA_NUM_THREADS == 1 or set(seen) == {1}
 
 
-def test_kernel_threads_sleep_when_idle_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernel_threads_spin_briefly_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bounded spin (ACTIVE with GOMP_SPINCOUNT) by default; a policy the user set is left alone."""
+    import os
+
     from infer.cli.runtime import idle_threads_sleep
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     idle_threads_sleep()
-    import os
-
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert (os.environ["OMP_WAIT_POLICY"], os.environ["GOMP_SPINCOUNT"]) == ("ACTIVE", "20000")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.delenv("GOMP_SPINCOUNT")
     idle_threads_sleep()
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
