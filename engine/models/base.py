@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from infer.engine.backends.base import Backend
+    from infer.engine.backends.base import Backend, Weight
     from infer.engine.backends.kv_cache import KVCache
     from infer.engine.batch import ForwardBatch
     from infer.engine.text.tokenizer import Tokenizer
@@ -203,3 +203,21 @@ def check_no_stray_layers(
                 "layers (num_hidden_layers / block_count)"
             )
         raise ModelLoadError(f"{source}: unexpected tensor {name} (this architecture has no such weight)")
+
+
+def matrix_weight(backend: Backend, float_copies: set[str], tensors: tuple[Tensor, ...]) -> Weight:
+    """One weight whose rows are `tensors`' rows in order: kept in their GGUF blocks where `backend`
+    computes on that type, else as one float32 matrix. A quantized type the backend has kernels for
+    none of is added to `float_copies` (the CLI's notice), so no family writes this twice."""
+    if backend.block_formats:  # the backend has kernels: note the types it has none for
+        float_copies.update(
+            t.type_name
+            for t in tensors
+            if isinstance(t, QuantizedTensor) and t.type_name not in backend.block_formats
+        )
+    if all(isinstance(t, QuantizedTensor) and t.type_name in backend.block_formats for t in tensors):
+        blocks = [backend.weight(t.blocks, quant=t.type_name, shape=t.shape) for t in tensors]  # type: ignore[union-attr]
+        return blocks[0] if len(blocks) == 1 else backend.stack(blocks)
+    return backend.weight(
+        np.concatenate([np.asarray(t) for t in tensors]) if len(tensors) > 1 else tensors[0]
+    )

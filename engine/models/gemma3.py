@@ -33,6 +33,7 @@ from infer.engine.models.base import (
     QuantizedTensor,
     Tensor,
     check_shapes,
+    matrix_weight,
 )
 from infer.engine.models.llama import half_to_interleaved, inverse_frequencies
 
@@ -381,19 +382,7 @@ class Gemma3Model:
     def _matrix(self, *tensors: Tensor) -> Weight:
         """One weight whose rows are `tensors`' rows in order: kept in their GGUF blocks where the
         backend computes on that type, else as one float32 matrix."""
-        backend = self.backend
-        if backend.block_formats:  # the backend has kernels: note the types it has none for
-            self.float_copies.update(
-                t.type_name
-                for t in tensors
-                if isinstance(t, QuantizedTensor) and t.type_name not in backend.block_formats
-            )
-        if all(isinstance(t, QuantizedTensor) and t.type_name in backend.block_formats for t in tensors):
-            blocks = [backend.weight(t.blocks, quant=t.type_name, shape=t.shape) for t in tensors]  # type: ignore[union-attr]
-            return blocks[0] if len(blocks) == 1 else backend.stack(blocks)
-        return backend.weight(
-            np.concatenate([np.asarray(t) for t in tensors]) if len(tensors) > 1 else tensors[0]
-        )
+        return matrix_weight(self.backend, self.float_copies, tensors)
 
     @property
     def vocab_size(self) -> int:
