@@ -64,6 +64,57 @@ class ModelConfig:
     """Hugging Face rope_scaling (llama3, linear), empty when none."""
 
 
+SUPPORTED_ROPE_TYPES = frozenset({"default", "linear", "llama3"})
+"""RoPE scaling kinds the models compute (`inverse_frequencies`); any other is refused at load."""
+
+
+def hf_rope(
+    raw: Mapping[str, Any], default_theta: float, layer_type: str | None = None
+) -> tuple[float, dict[str, Any]]:
+    """The RoPE base and scaling of a Hugging Face config.json, as (rope_theta, rope_scaling).
+
+    Reads both spellings: transformers 4's `rope_theta` + `rope_scaling`, and transformers 5's
+    `rope_parameters`, which is either one dict or, for models that mix attention kinds (Gemma 3),
+    one dict per layer type (`layer_type`: "full_attention" or "sliding_attention"). A scaling kind
+    the models do not compute (yarn, dynamic, longrope, ...) raises ValueError naming it, so no
+    setting of the file is read and then ignored. `rope_scaling` comes back empty for "default".
+    """
+    params = raw.get("rope_parameters")
+    if isinstance(params, Mapping) and layer_type is not None and layer_type in params:
+        params = params[layer_type]
+    elif isinstance(params, Mapping) and any(isinstance(v, Mapping) for v in params.values()):
+        raise ValueError(f"rope_parameters has no entry for {layer_type or 'the model'}: {sorted(params)}")
+    if isinstance(params, Mapping):
+        theta = float(params.get("rope_theta", raw.get("rope_theta", default_theta)))
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:
+        theta = float(raw.get("rope_theta", default_theta))
+        scaling = dict(raw.get("rope_scaling") or {})
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"RoPE scaling {kind!r} is not supported (supported: {', '.join(sorted(SUPPORTED_ROPE_TYPES))})"
+        )
+    return theta, ({} if kind == "default" else scaling)
+
+
+def gguf_rope_scaling(meta: Mapping[str, Any], architecture: str, source: str) -> dict[str, Any]:
+    """The RoPE scaling a GGUF's `{arch}.rope.scaling.*` keys ask for, as a Hugging Face
+    rope_scaling dict: empty for none, linear with its factor; any other kind (yarn, ...) is a
+    ModelLoadError naming it, never silently dropped."""
+    kind = meta.get(f"{architecture}.rope.scaling.type")
+    if kind in (None, "none"):
+        return {}
+    if kind != "linear":
+        raise ModelLoadError(
+            f"{source}: RoPE scaling {kind!r} ({architecture}.rope.scaling.type) is not supported"
+        )
+    factor = meta.get(f"{architecture}.rope.scaling.factor")
+    if not isinstance(factor, (int, float)) or factor <= 0:
+        raise ModelLoadError(f"{source}: {architecture}.rope.scaling.factor must be positive, got {factor!r}")
+    return {"rope_type": "linear", "factor": float(factor)}
+
+
 @dataclass(frozen=True)
 class QuantizedTensor:
     """A checkpoint matrix kept as stored: a GGUF tensor's rows of blocks (memory-mapped, never copied).

@@ -33,6 +33,8 @@ from infer.engine.models.base import (
     QuantizedTensor,
     Tensor,
     check_shapes,
+    gguf_rope_scaling,
+    hf_rope,
     matrix_weight,
 )
 from infer.engine.models.llama import half_to_interleaved, inverse_frequencies
@@ -146,9 +148,7 @@ class Gemma3Family:
         head_dim = number("attention.key_length", int, hidden // heads)
         layers = number("block_count", int)
         vocab = meta.get(f"{architecture}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
-        rope_scaling: dict[str, Any] = {}
-        if meta.get(f"{architecture}.rope.scaling.type") == "linear":
-            rope_scaling = {"rope_type": "linear", "factor": number("rope.scaling.factor", float)}
+        rope_scaling = gguf_rope_scaling(meta, architecture, source)
         pattern = meta.get(f"{architecture}.attention.sliding_window_pattern", DEFAULT_SLIDING_PATTERN)
         return Gemma3Config(
             architecture=architecture,
@@ -190,6 +190,15 @@ class Gemma3Family:
                 )
             else:
                 layer_types = tuple(str(t) for t in types)
+            rope_theta, rope_scaling = hf_rope(raw, 1_000_000.0, "full_attention")
+            local_base, local_scaling = hf_rope(
+                {"rope_theta": raw.get("rope_local_base_freq", DEFAULT_LOCAL_ROPE_BASE)}
+                | ({"rope_parameters": raw["rope_parameters"]} if "rope_parameters" in raw else {}),
+                DEFAULT_LOCAL_ROPE_BASE,
+                "sliding_attention",
+            )
+            if local_scaling:  # the model scales the global layers only
+                raise ValueError(f"RoPE scaling on the sliding layers is not supported: {local_scaling}")
             caps = {
                 key: (float(raw[key]) if raw.get(key) is not None else None)
                 for key in ("final_logit_softcapping", "attn_logit_softcapping")
@@ -204,14 +213,14 @@ class Gemma3Family:
                 num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
                 head_dim=head_dim,
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(raw.get("rope_theta", 1_000_000.0)),
+                rope_theta=rope_theta,
                 max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
                 tie_word_embeddings=True,
                 rope_layout="half",
-                rope_scaling=dict(raw.get("rope_scaling") or {}),
+                rope_scaling=rope_scaling,
                 layer_types=layer_types,
                 sliding_window=int(raw.get("sliding_window", 512)),
-                rope_local_base_freq=float(raw.get("rope_local_base_freq", DEFAULT_LOCAL_ROPE_BASE)),
+                rope_local_base_freq=local_base,
                 query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", head_dim)),
                 **caps,
             )

@@ -27,6 +27,8 @@ from infer.engine.models.base import (
     Tensor,
     check_no_stray_layers,
     check_shapes,
+    gguf_rope_scaling,
+    hf_rope,
     matrix_weight,
 )
 
@@ -99,9 +101,7 @@ class LlamaFamily:
         hidden = number("embedding_length", int)
         heads = number("attention.head_count", int)
         vocab = meta.get(f"{architecture}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
-        rope_scaling: dict[str, Any] = {}
-        if meta.get(f"{architecture}.rope.scaling.type") == "linear":
-            rope_scaling = {"rope_type": "linear", "factor": number("rope.scaling.factor", float)}
+        rope_scaling = gguf_rope_scaling(meta, architecture, source)
         return ModelConfig(
             architecture=architecture,
             vocab_size=int(vocab),
@@ -129,6 +129,7 @@ class LlamaFamily:
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
+            rope_theta, rope_scaling = hf_rope(raw, 10000.0)
             return ModelConfig(
                 architecture=architecture,
                 vocab_size=int(raw["vocab_size"]),
@@ -139,13 +140,13 @@ class LlamaFamily:
                 num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
                 head_dim=int(raw.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(raw.get("rope_theta", 10000.0)),
+                rope_theta=rope_theta,
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False))
                 or "lm_head.weight" not in weights,
                 attention_bias=bool(raw.get("attention_bias", architecture == "qwen2")),
                 rope_layout="half",
-                rope_scaling=dict(raw.get("rope_scaling") or {}),
+                rope_scaling=rope_scaling,
             )
         except KeyError as exc:
             raise ModelLoadError(f"{source}: missing field {exc.args[0]}") from None
