@@ -14,7 +14,7 @@ from infer.engine.backends.cpu import CpuBackend
 from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.loader import load_checkpoint
 from infer.engine.models import ModelLoadError, build_model
-from infer.engine.models.gemma3 import FULL, SLIDING, Gemma3Config
+from infer.engine.models.gemma3 import FORGET_STRIDE, FULL, SLIDING, Gemma3Config
 
 pytest_plugins = ["conftest_synthetic"]
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
@@ -130,3 +130,39 @@ def test_attention_softcapping_is_refused(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(ModelLoadError, match="attention logit soft-capping"):
         load_checkpoint(tmp_path / "capped.gguf")
+
+
+def test_sliding_layers_give_back_positions_past_every_window(tiny: TinyGemma3) -> None:
+    """Past the window by more than a stride, a sliding layer's old positions are given back to the
+    system (they read as zeros again) while global layers keep theirs, and the logits still equal
+    the reference, in chunked prefill and in decode."""
+    model = build_model(load_checkpoint(tiny.gguf_path), CpuBackend(kernels="exact"))
+    cache = model.make_cache(2, 800)
+    prompt = np.random.default_rng(5).integers(3, model.vocab_size, 720).tolist()
+    expected = reference_logits(tiny, prompt)
+    rows = [_forward(model, cache, [(1, start, prompt[start : start + 300])]) for start in (0, 300)]
+    rows += [_forward(model, cache, [(1, p, [prompt[p]])]) for p in range(600, len(prompt))]
+    np.testing.assert_allclose(np.concatenate(rows), expected, atol=2e-4, rtol=1e-4)
+    stride = FORGET_STRIDE
+    assert len(prompt) - 1 - tiny.window > 2 * stride  # two strides fell out of every window
+    for index, kind in enumerate(model.config.layer_types):
+        old_keys, old_values = cache.keys[index, 1, :, : 2 * stride], cache.values[index, 1, :, : 2 * stride]
+        if kind == SLIDING:
+            assert not old_keys.any() and not old_values.any(), index
+        else:
+            assert old_keys.all(axis=-1).any() and old_values.any(), index
+        assert cache.keys[index, 1, :, len(prompt) - tiny.window : len(prompt)].any(axis=-1).all(), index
+    assert not cache.keys[:, 0].any()  # the other slot was never touched
+
+
+def test_a_rewinding_cache_keeps_every_position(tiny: TinyGemma3) -> None:
+    """A draft model's cache restarts before earlier steps (rewound to what the target kept), so
+    nothing of it is given back."""
+    model = build_model(load_checkpoint(tiny.gguf_path), CpuBackend(kernels="exact"))
+    cache = model.make_cache(1, 800)
+    cache.may_rewind = True
+    prompt = np.random.default_rng(5).integers(3, model.vocab_size, 700).tolist()
+    _forward(model, cache, [(0, 0, prompt[:690])])
+    for p in range(690, 700):
+        _forward(model, cache, [(0, p, [prompt[p]])])
+    assert cache.keys[:, 0, :, :256].any(axis=-1).all()

@@ -6,7 +6,7 @@ loop's sequence position (the one position counter), which reaches the model thr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,7 +42,12 @@ class KVCache:
     discard: Callable[[Array], None] | None = None
     """Returns a released slot's memory to the system (the backend's `discard`), so resident memory
     follows the sequences in use instead of the most ever held at once."""
+    may_rewind: bool = False
+    """A later step may restart a sequence before an earlier step's first row (a draft model's
+    cache, rewound to what the target kept): `forget_before` then gives nothing back."""
     _free: list[int] = field(init=False)
+    _forgotten: dict[int, int] = field(init=False, default_factory=dict)
+    """Per held slot: positions before this were given back by `forget_before`."""
 
     def __post_init__(self) -> None:
         self._free = list(range(self.num_slots - 1, -1, -1))
@@ -71,6 +76,21 @@ class KVCache:
             return None
         return self._free.pop()
 
+    def forget_before(self, layers: Sequence[int], slot: int, position: int, stride: int) -> None:
+        """Give back the memory of `slot`'s positions before `position` (rounded down to a multiple
+        of `stride`) in `layers`: positions no later row of the sequence will read (a sliding-window
+        layer's positions that fell out of every future window). Each position is given back once;
+        the mark resets when the slot is released. Contents are undefined afterwards; a backend
+        without `discard` keeps them."""
+        upto = max(0, position) // stride * stride
+        done = self._forgotten.get(slot, 0)
+        if self.discard is None or self.may_rewind or upto <= done:
+            return
+        for layer in layers:
+            self.discard(self.keys[layer, slot, :, done:upto])
+            self.discard(self.values[layer, slot, :, done:upto])
+        self._forgotten[slot] = upto
+
     def release(self, slot: int) -> None:
         """Give a slot back at once (finished, cancelled or failed sequence)."""
         if slot in self._free:
@@ -78,5 +98,6 @@ class KVCache:
         if self.discard is not None:
             self.discard(self.keys[:, slot])
             self.discard(self.values[:, slot])
+        self._forgotten.pop(slot, None)
         self._free.append(slot)
         self._free.sort(reverse=True)

@@ -40,6 +40,8 @@ from infer.engine.models.base import (
 from infer.engine.models.llama import half_to_interleaved, inverse_frequencies
 
 SLIDING = "sliding_attention"
+FORGET_STRIDE = 256
+"""Positions a sliding layer's cache gives back at a time, once they fell out of every window."""
 FULL = "full_attention"
 
 _GLOBAL_NAMES = {
@@ -326,7 +328,9 @@ class Gemma3Model:
     """Gemma 3 text decoder over a ragged batch and a slot-based KV cache.
 
     Sliding layers attend through a window view of the cache (`AttentionPlan.with_window`): they read
-    only the last `sliding_window` positions, while the cache keeps every position of every layer.
+    only the last `sliding_window` positions. The cache keeps one layout for every layer, but a
+    sliding layer's positions that fell out of every future window are given back to the system
+    (`KVCache.forget_before`), so its resident memory follows the window, as a ring's would.
     """
 
     def __init__(self, checkpoint: Checkpoint, backend: Backend) -> None:
@@ -387,6 +391,7 @@ class Gemma3Model:
         self._global = _Rotations(inverse_frequencies(config, None), score_scale)
         local = replace(config, rope_theta=config.rope_local_base_freq, rope_scaling={})
         self._local = _Rotations(inverse_frequencies(local, None), score_scale)
+        self._sliding_layers = tuple(i for i, layer in enumerate(self.layers) if layer.sliding)
 
     def _matrix(self, *tensors: Tensor) -> Weight:
         """One weight whose rows are `tensors`' rows in order: kept in their GGUF blocks where the
@@ -404,6 +409,16 @@ class Gemma3Model:
         return KVCache.allocate(
             self.backend, c.num_hidden_layers, slots, c.num_key_value_heads, capacity, c.head_dim
         )
+
+    def _forget_past_windows(self, batch: ForwardBatch, cache: KVCache) -> None:
+        """Sliding layers keep only their window resident. Every later row of a sequence sits after
+        this batch's first row of it (a step keeps at least one token, or the sequence ends), so it
+        sees no position before start + 2 - window: those go back to the system, a stride at a
+        time to keep the madvise calls few. The cache layout and the window view stay as they
+        are, so every row reads exactly what it read before."""
+        window = self.config.sliding_window
+        for segment in batch.segments:
+            cache.forget_before(self._sliding_layers, segment.slot, segment.start + 1 - window, FORGET_STRIDE)
 
     def _head_norm(self, x: Array, weight: Weight, rows: int, heads: int) -> Array:
         """RMSNorm of every head of x [rows, heads * head_dim] (QK-norm): [rows, heads, head_dim]."""
@@ -447,6 +462,7 @@ class Gemma3Model:
             mlp_out = backend.linear(backend.gelu_mul(gate_up, c.intermediate_size), layer.down)
             hidden += backend.rms_norm(mlp_out, layer.post_mlp_norm, eps)
 
+        self._forget_past_windows(batch, cache)
         last = backend.rms_norm(hidden[backend.asarray(batch.logit_rows)], self.final_norm, eps)
         logits = backend.to_host(backend.logits(last, self.embed))
         cap = c.final_logit_softcapping

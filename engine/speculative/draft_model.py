@@ -98,6 +98,7 @@ class DraftModelDrafter:
     ) -> None:
         self.model = model
         self.cache = model.make_cache(slots, capacity)
+        self.cache.may_rewind = True  # drafts are rewound to the target's tokens: keep every position
         self.capacity = capacity
         self.chunk_size = chunk_size
         self.max_rows = max(max_rows, 1)
