@@ -31,7 +31,7 @@ from infer.profiles.constraints import grammar_from_settings
 from infer.profiles.settings import Settings
 
 FROM_SETTINGS: Literal["settings"] = "settings"
-"""`build_request(spec=...)`'s default: the speculation the settings ask for."""
+"""`build_request(grammar=..., spec=...)`'s default: the constraint / speculation the settings ask for."""
 
 
 def spec_config(settings: Settings, overrides: Mapping[str, Any] | None = None) -> SpecConfig | None:
@@ -62,15 +62,16 @@ def build_request(
     ignore_eos: bool = False,
     seed: int | None = None,
     request_id: str | None = None,
-    grammar: GrammarSpec | None = None,
+    grammar: GrammarSpec | Literal["settings"] | None = FROM_SETTINGS,
     spec: SpecConfig | Literal["settings"] | None = FROM_SETTINGS,
 ) -> Request:
     """The engine `Request` for `prompt_ids` under resolved `settings` (see the module docstring).
 
     `sampling` replaces the settings' sampler (per-request fields on top of it, built by the caller);
     `max_tokens` None = the `n_predict` setting; `seed` None = the sampler's seed or a random one;
-    `request_id` None = a fresh id; `grammar` None = the settings' output constraint (`--json-schema`,
-    `--regex`, ...; none by default); `spec` (default: from the settings) None = no speculation.
+    `request_id` None = a fresh id; `grammar` (default: the settings' output constraint,
+    `--json-schema`, `--regex`, ...; none by default) None = free text, whatever the settings say;
+    `spec` (default: from the settings) None = no speculation.
     Raises `RequestError` (a ValueError) for a bad limit or prompt, `SettingsError` for a bad
     constraint setting.
     """
@@ -82,7 +83,7 @@ def build_request(
         stop=tuple(stop),
         ignore_eos=ignore_eos,
         seed=seed,
-        grammar=grammar if grammar is not None else grammar_from_settings(settings),
+        grammar=grammar_from_settings(settings) if grammar == FROM_SETTINGS else grammar,
         spec=spec_config(settings) if spec == FROM_SETTINGS else spec,
         **extra,
     )

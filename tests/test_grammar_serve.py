@@ -129,3 +129,40 @@ def test_completions_llama_server_fields(server: ServerProcess) -> None:
         reply = http.post("/v1/completions", json=body).json()
         assert reply["choices"][0]["text"] in ("The answer is yes.", "The answer is no.")
         assert reply["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_request_for_text_outranks_the_servers_constraint(default_model_path: Path) -> None:
+    """A server started with `--choice` constrains requests that name no format; `response_format`
+    / `text.format` type text asks for free text and gets it; a format of its own replaces the
+    server's."""
+    process = start_server(
+        ["-m", str(default_model_path), "-c", "256", "--choice", "yes,no", "--alias", "any"]
+    )
+    try:
+        client = openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=300)
+        ask = [{"role": "user", "content": "Write a sentence about the sea."}]
+
+        def chat(max_tokens: int = 12, **extra: object) -> str:
+            reply = client.chat.completions.create(
+                model="any", messages=ask, max_tokens=max_tokens, temperature=0, **extra
+            )
+            return reply.choices[0].message.content or ""
+
+        assert chat() in ("yes", "no")
+        free = chat(response_format={"type": "text"})
+        assert free not in ("yes", "no") and len(free.split()) > 2, free
+        assert isinstance(json.loads(chat(response_format={"type": "json_object"}, max_tokens=40)), dict)
+        response = client.responses.create(
+            model="any",
+            input="Write a sentence about the sea.",
+            text={"format": {"type": "text"}},
+            max_output_tokens=12,
+            temperature=0,
+        )
+        assert response.output_text not in ("yes", "no") and len(response.output_text.split()) > 2
+        plain = client.responses.create(
+            model="any", input="Write a sentence about the sea.", max_output_tokens=12, temperature=0
+        )
+        assert plain.output_text in ("yes", "no")
+    finally:
+        assert process.stop() == 0, process.stderr

@@ -22,7 +22,7 @@ from infer.engine.runtime.request import Request, RequestError
 from infer.engine.sampling import SamplingParams, SamplingParamsError
 from infer.engine.speculative import SpecConfig, SpecConfigError
 from infer.engine.text.chat import VALID_ROLES
-from infer.profiles.requests import build_request, spec_config
+from infer.profiles.requests import FROM_SETTINGS, build_request, spec_config
 from infer.profiles.schema import SamplerSection, SpeculativeSection
 from infer.profiles.settings import SETTINGS, Settings, unused_spec_keys
 
@@ -131,6 +131,11 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
     def format_spec(self) -> GrammarSpec | None:
         """The route's own output-format field (`response_format`, `text.format`) as a constraint."""
         return None
+
+    def asks_free_text(self) -> bool:
+        """The route's format field says `text`: free text even where the server was started with
+        an output constraint (`--json-schema`, ...), as an explicit field outranks a server default."""
+        return False
 
     def grammar_spec(self) -> GrammarSpec | None:
         """The body's output constraint (None = the server's own setting, free text by default): the
@@ -266,7 +271,9 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         vLLM answer); an omitted limit means up to the context end (or the server's `--n-predict`).
         """
         params = self.to_sampling_params(settings, vocab_size)
-        grammar = self.grammar_spec()
+        grammar: GrammarSpec | Literal["settings"] | None = self.grammar_spec()
+        if grammar is None and not self.asks_free_text():
+            grammar = FROM_SETTINGS  # no format field: the server's own constraint setting, if any
         spec = self.to_spec_config(settings)
         limit, limit_param = self.token_limit()
         requests: list[Request] = []
@@ -419,6 +426,10 @@ class ChatCompletionRequest(Generation):
         fmt = self.response_format
         return None if fmt is None else fmt.grammar_spec("response_format")
 
+    def asks_free_text(self) -> bool:
+        """`response_format` type text."""
+        return self.response_format is not None and self.response_format.type == "text"
+
     def chat_messages(self) -> list[dict[str, Any]]:
         """The messages as plain dicts for the chat template."""
         return [m.model_dump(exclude_none=True) | {"content": _content(m.content)} for m in self.messages]
@@ -541,6 +552,10 @@ class ResponsesRequest(Generation):
         """`text.format`."""
         fmt = self.text.format if self.text is not None else None
         return None if fmt is None else fmt.grammar_spec("text.format")
+
+    def asks_free_text(self) -> bool:
+        """`text.format` type text."""
+        return self.text is not None and self.text.format is not None and self.text.format.type == "text"
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """`instructions` and `input` as chat messages. Raises APIError for a non-message item."""
