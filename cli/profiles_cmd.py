@@ -83,6 +83,7 @@ def show_profile(
     settings = resolve_or_fail(flags)
     with settings_errors():
         choice = choose_backend(settings)
+    sampled_where = sampling_place(choice.selected, settings)
     if as_json:
         document = settings.to_json()
         document["backend_choice"] = {
@@ -91,6 +92,7 @@ def show_profile(
             "reason": choice.reason,
             "dtype": choice.dtype,
         }
+        document["sampling_place"] = sampled_where
         typer.echo(json.dumps(document, indent=2))
         return
     Console().print(_settings_table(settings))
@@ -102,6 +104,21 @@ def show_profile(
             f"{choice.selected} would be used{dtype_note(choice)}"
         )
     Console().print(Text(backend_line))
+    Console().print(Text(f"sampling: {sampled_where}"))
+
+
+def sampling_place(backend: str, settings: Settings) -> str:
+    """Where this profile's requests are sampled: the host for the cpu backend; on a device backend,
+    the device when the sampler settings are inside its envelope (a model's vocabulary larger than
+    the device's candidate pool assumed), else the host."""
+    from infer.engine.backends import BACKEND_CLASSES
+    from infer.engine.sampling.envelope import POOL_LIMIT, in_envelope
+
+    if not BACKEND_CLASSES[backend].capabilities.sampling.on_device:
+        return "host (the logits are on the host already)"
+    if in_envelope(settings.sampling, 2 * POOL_LIMIT + 1):
+        return "device (the sampler settings are inside the envelope; greedy or constrained requests: host)"
+    return "host (the sampler settings are outside the device envelope: greedy, penalties, logprobs, ...)"
 
 
 def _settings_table(settings: Settings) -> Table:

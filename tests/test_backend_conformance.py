@@ -153,6 +153,22 @@ def test_gelu_mul(backend: Backend) -> None:
     np.testing.assert_allclose(host(backend, got), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_softcap(backend: Backend) -> None:
+    """cap * tanh(x / cap): near x for small logits, never past the cap for huge ones."""
+    x = f32(rng(17).standard_normal((3, 40)) * 50)
+    x[0, :2] = (-1e30, 1e30)
+    got = host(backend, backend.softcap(backend.asarray(x.copy()), 30.0))
+    np.testing.assert_allclose(got, 30.0 * np.tanh(x.astype(np.float64) / 30.0), rtol=1e-5, atol=1e-5)
+    assert np.abs(got).max() <= 30.0
+
+
+def test_sampling_module_says_where_rows_are_drawn(backend: Backend) -> None:
+    """A backend that declares device sampling names its array module; the cpu draws on the host."""
+    module = backend.sampling_module
+    assert (module is not None) == backend.capabilities.sampling.on_device
+    if module is not None:
+        assert hasattr(module, "argpartition") and hasattr(module, "take_along_axis")
+
 # ---- write_kv and attention ------------------------------------------------------------------------
 
 HEADS, KV_HEADS, HEAD_DIM, SLOTS, CAPACITY, LAYERS = 4, 2, 8, 5, 32, 2

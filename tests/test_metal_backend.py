@@ -114,3 +114,95 @@ def test_generate_with_the_metal_profile_and_strict_backend(tiny_gguf: Path) -> 
     assert "unavailable" not in proc.stderr and "using cpu" not in proc.stderr
     result = json.loads(proc.stdout)
     assert result["finish_reason"] == "length" and result["completion_tokens"] == 6
+
+
+def _metal_engine(path: Path, *, device_sampling: bool):
+    from infer.engine.runtime.engine import EngineConfig, load_engine
+
+    engine = load_engine(path, EngineConfig(ctx_size=256, max_num_seqs=8), "metal", "float32")
+    if not device_sampling:
+        engine._device_xp = None  # every row copied to the host and drawn there, as the cpu does
+    return engine
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": 0.8},
+        {"temperature": 1.3, "top_k": 5},
+        {"temperature": 1.0, "top_p": 0.9, "min_p": 0.05},
+        {"temperature": 0.9, "top_k": 10**9, "logit_bias": {7: 3.0}},
+        {"temperature": 0.0},  # greedy: the host's row argmax
+        {"temperature": 0.8, "repeat_penalty": 1.3},  # outside the envelope: the host
+    ],
+)
+def test_the_engine_draws_on_the_device_what_the_host_draws(tiny_gguf: Path, fields: dict) -> None:
+    """On a device backend, rows inside the envelope are drawn from the device's candidates, the
+    rest on the host; alone or 6 at once, the tokens equal those of drawing every row on the host,
+    and each request says how many of its draws the device made."""
+    from infer.engine.runtime.request import Request
+    from infer.engine.sampling import SamplingParams
+
+    params = SamplingParams(**fields)
+    requests = [
+        Request(prompt_ids=(5, 9 + i, 17, 3), sampling=params, max_tokens=12, ignore_eos=True, seed=40 + i)
+        for i in range(6)
+    ]
+    runs = {}
+    for device in (True, False):
+        engine = _metal_engine(tiny_gguf, device_sampling=device)
+        alone = [engine.generate(r).done for r in requests[:2]]
+        streams = [engine.submit(r) for r in requests]
+        together = [s.result().done for s in streams]
+        runs[device] = (alone, together)
+    (dev_alone, dev_together), (host_alone, host_together) = runs[True], runs[False]
+    assert [d.token_ids for d in dev_alone] == [d.token_ids for d in host_alone]
+    assert [d.token_ids for d in dev_together] == [d.token_ids for d in host_together]
+    assert [d.token_ids for d in dev_together[:2]] == [d.token_ids for d in dev_alone]
+    inside = params.temperature > 0 and "repeat_penalty" not in fields
+    for done in dev_alone:
+        assert len(done.token_ids) == 12
+        assert done.sampled_on_device == (12 if inside else 0), fields
+    assert all(d.sampled_on_device == 0 for d in host_alone)
+
+
+@pytest.mark.parametrize(
+    ("profile", "temperature", "on_device"),
+    [("metal", "0.8", True), ("metal", "0", False), ("cpu", "0.8", False)],
+)
+def test_bench_json_says_where_tokens_were_sampled(
+    tiny_gguf: Path, profile: str, temperature: str, on_device: bool
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
+    args = [
+        "bench",
+        "--profile",
+        profile,
+        "-m",
+        str(tiny_gguf),
+        "-p",
+        "4",
+        "-n",
+        "6",
+        "-r",
+        "1",
+        "--temp",
+        temperature,
+        "--json",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", "from infer.cli.main import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(proc.stdout)
+    records = document if isinstance(document, list) else document["results"]
+    decode = [r for r in records if r["n_gen"] > 0]
+    assert decode
+    for record in decode:
+        where = record["sampled_where"]
+        assert (where["device_tokens"] > 0) == on_device, where
+        assert where["device_tokens"] + where["host_tokens"] == record["tokens"]

@@ -110,6 +110,7 @@ def trace_request(engine: Engine, request: Request) -> Trace:
             trace.done = time.perf_counter()
             trace.error = event.error
             trace.counters = dict(event.counters)
+            trace.sampled_on_device = event.sampled_on_device
     return trace
 
 
@@ -165,6 +166,7 @@ class EngineBench:
                     trace.done = time.perf_counter()
                     trace.error = event.error
                     trace.counters = dict(event.counters)
+                    trace.sampled_on_device = event.sampled_on_device
 
         threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(concurrency)]
         for thread in threads:

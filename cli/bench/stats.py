@@ -33,6 +33,8 @@ class Trace:
     """Completion tokens the server reported in `usage` (a chunk may carry several tokens)."""
     counters: dict[str, int] = field(default_factory=dict)
     """The request's speculation counters (empty without speculation)."""
+    sampled_on_device: int = 0
+    """Tokens of the request drawn on the device (a GPU backend, inside the sampling envelope)."""
 
     @property
     def tokens(self) -> int:
@@ -153,6 +155,18 @@ class BenchResult:
             **self.latency(),
             **self.extra,
             "speculative": self.speculation(),
+            "sampled_where": self.sampled_where(),
+        }
+
+    def sampled_where(self) -> dict[str, int]:
+        """Requests and tokens sampled on the device (inside a GPU backend's envelope) and on the
+        host (the cpu backend, greedy, constrained or outside the envelope; a remote server's)."""
+        on_device = sum(t.sampled_on_device for t in self.traces)
+        return {
+            "device_tokens": on_device,
+            "host_tokens": sum(t.output_tokens for t in self.traces) - on_device,
+            "device_requests": sum(1 for t in self.traces if t.sampled_on_device),
+            "host_requests": sum(1 for t in self.traces if not t.sampled_on_device),
         }
 
     def speculation(self) -> dict[str, Any] | None:

@@ -25,7 +25,8 @@ __all__ = ["Array", "Backend", "Capabilities", "SamplingEnvelope", "Weight"]
 
 @dataclass(frozen=True)
 class SamplingEnvelope:
-    """Which requests a backend may sample on the device (placeholder: no backend samples there yet)."""
+    """Whether a backend samples on the device the requests inside the envelope
+    (`sampling.envelope.in_envelope`); the engine does so through `Backend.sampling_module`."""
 
     on_device: bool = False
     """True when the backend has device sampling kernels; the envelope function comes with them."""
@@ -89,6 +90,17 @@ class Backend(Protocol):
 
     def to_host(self, array: Array) -> np.ndarray:
         """Copy a device array back to a numpy array."""
+        ...
+
+    @property
+    def sampling_module(self) -> object | None:
+        """The array module device sampling runs on (mlx.core, cupy), where logits rows are drawn
+        without copying them to the host (`runtime.device_sampling`); None when the host is where
+        the logits already are (the cpu backend)."""
+        ...
+
+    def softcap(self, x: Array, cap: float) -> Array:
+        """cap * tanh(x / cap), elementwise in float32 (Gemma's final-logit soft-capping)."""
         ...
 
     def zeros(self, shape: tuple[int, ...]) -> Array:

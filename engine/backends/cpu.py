@@ -191,6 +191,16 @@ class CpuBackend:
         """Already on the host."""
         return array
 
+    @property
+    def sampling_module(self) -> None:
+        """None: the logits are on the host already, where the sampler chain runs."""
+        return None
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        """cap * tanh(x / cap) in float32."""
+        c = np.float32(cap)
+        return np.tanh(x / c) * c
+
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
         """Zeros in fresh anonymous pages, committed only as they are written, so untouched cache
         memory costs no RSS. Page-aligned, so rows start on a cache line (with malloc's 16-byte

@@ -210,6 +210,16 @@ class CudaBackend:
         """A numpy copy."""
         return self.xp.asnumpy(array)
 
+    @property
+    def sampling_module(self) -> Any:
+        """cupy: requests inside the envelope are drawn from candidates picked on the device."""
+        return self.xp
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        """cap * tanh(x / cap), in float32."""
+        x = x.astype(self.xp.float32)
+        return self.xp.tanh(x / cap) * cap
+
     def zeros(self, shape: tuple[int, ...]) -> Any:
         """Float32 zeros (the cache and activations are float32 whatever the weights' dtype)."""
         return self.xp.zeros(shape, dtype=self.xp.float32)

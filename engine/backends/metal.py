@@ -195,6 +195,16 @@ class MetalBackend:
             array = array.astype(self.mx.float32)
         return np.array(array)
 
+    @property
+    def sampling_module(self) -> Any:
+        """mlx.core: requests inside the envelope are drawn from candidates picked on the device."""
+        return self.mx
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        """cap * tanh(x / cap), in float32."""
+        x = x.astype(self.mx.float32)
+        return self.mx.tanh(x / cap) * cap
+
     def zeros(self, shape: tuple[int, ...]) -> Any:
         """Zeros in the compute dtype, evaluated (see `_ready`)."""
         zeros = self.mx.zeros(shape, dtype=self._dtype)

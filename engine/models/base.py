@@ -179,6 +179,11 @@ class Model(Protocol):
         return host float32 logits [len(batch.logit_rows), vocab]."""
         ...
 
+    # Also, for device sampling (the built-in families have it; a host-only family may leave it out,
+    # and the engine then samples every row on the host):
+    #   backend: Backend
+    #   def forward_logits(self, batch, cache) -> Array: `forward` with the logits left on the device.
+
 
 class ModelFamily(Protocol):
     """One family of architectures: how its checkpoints map onto a ModelConfig and canonical tensor

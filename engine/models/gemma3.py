@@ -427,7 +427,12 @@ class Gemma3Model:
         return normed.reshape(rows, heads, head_dim)
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
-        """Run every row of `batch`, write its keys/values into `cache`, return logits [logit_rows, vocab]."""
+        """Run every row of `batch`, write its keys/values into `cache`, return logits [logit_rows, vocab]
+        on the host."""
+        return self.backend.to_host(self.forward_logits(batch, cache))
+
+    def forward_logits(self, batch: ForwardBatch, cache: KVCache) -> Array:
+        """`forward`, with the logits left where the backend computed them (for device sampling)."""
         backend, c = self.backend, self.config
         rows = batch.token_ids.shape[0]
         starts = np.asarray([s.start for s in batch.segments], dtype=np.int64)
@@ -464,8 +469,8 @@ class Gemma3Model:
 
         self._forget_past_windows(batch, cache)
         last = backend.rms_norm(hidden[backend.asarray(batch.logit_rows)], self.final_norm, eps)
-        logits = backend.to_host(backend.logits(last, self.embed))
+        logits = backend.logits(last, self.embed)
         cap = c.final_logit_softcapping
-        if cap is not None:  # on the host logits, in float32 as Hugging Face computes it
-            logits = np.tanh(logits / np.float32(cap)) * np.float32(cap)
+        if cap is not None:  # in float32, as Hugging Face computes it
+            logits = backend.softcap(logits, cap)
         return logits

@@ -342,9 +342,14 @@ class LlamaModel:
         )
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
-        """Run every row of `batch`, write its keys/values into `cache`, return logits [logit_rows, vocab].
+        """Run every row of `batch`, write its keys/values into `cache`, return logits [logit_rows, vocab]
+        on the host.
 
         Positions come from each segment's `start` (the step loop's sequence position)."""
+        return self.backend.to_host(self.forward_logits(batch, cache))
+
+    def forward_logits(self, batch: ForwardBatch, cache: KVCache) -> Array:
+        """`forward`, with the logits left where the backend computed them (for device sampling)."""
         backend, c = self.backend, self.config
         rows = batch.token_ids.shape[0]
         # Host-side plan: each row's position and slot, and how attention splits the rows.
@@ -373,4 +378,4 @@ class LlamaModel:
             hidden += backend.linear(backend.silu_mul(gate_up, c.intermediate_size), layer.down)
 
         last = backend.rms_norm(hidden[backend.asarray(batch.logit_rows)], self.final_norm, c.rms_norm_eps)
-        return backend.to_host(backend.logits(last, self.lm_head))
+        return backend.logits(last, self.lm_head)

@@ -24,6 +24,7 @@ import numpy as np
 from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.grammar import Constraint, GrammarError, GrammarViolationError, GrammarVocabulary
 from infer.engine.models.base import Model
+from infer.engine.runtime.device_sampling import sample_on_device
 from infer.engine.runtime.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
 from infer.engine.runtime.output import OutputProcessor
 from infer.engine.runtime.request import EngineBusy, FaultHook, Request, RequestError
@@ -42,9 +43,10 @@ from infer.engine.speculative import (
 )
 from infer.engine.text.tokenizer import Tokenizer
 
-ItemLogits = tuple[np.ndarray, list[int] | None, int]
-"""A work item's share of a forward: the batch's logits rows [rows, vocab], the argmax of every row
-(None unless some row is plain greedy), and the index of the item's first row."""
+ItemLogits = tuple[np.ndarray | None, list[int] | None, int, list[SampledToken | None] | None]
+"""A work item's share of a forward: the batch's host logits rows [rows, vocab] (None when every row
+was drawn on the device), the argmax of every row (None unless some row is plain greedy), the index
+of the item's first row, and each row's draw made on the device (None: none made, or the row's)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,12 @@ class Engine:
             )
         self.steps = 0
         """Engine steps run so far."""
+        backend = getattr(model, "backend", None)
+        self._device_xp = (
+            getattr(backend, "sampling_module", None) if hasattr(model, "forward_logits") else None
+        )
+        """The array module the logits are sampled on where a request is inside the envelope (a GPU
+        backend's); None: every row is copied to the host and drawn there."""
         self.grammar_vocabulary = GrammarVocabulary(tokenizer, model.vocab_size)
         """The model's token table for constraints: built on the first constrained request, then shared."""
         self._incoming: deque[Sequence] = deque()
@@ -357,6 +365,7 @@ class Engine:
         rows: list[int] = []
         segments: list[Segment] = []
         logit_rows: list[int] = []
+        owners: list[tuple[Sequence, int]] = []  # each logits row's sequence and draw position
         firsts: list[tuple[int, int]] = []
         any_greedy = False
         for item in work:
@@ -367,14 +376,47 @@ class Engine:
                 firsts.append((id(seq), len(logit_rows)))
                 offset = len(rows)
                 logit_rows.extend(offset + r for r in item.logit_rows)
+                owners.extend((seq, len(seq.generated) + j) for j in range(len(item.logit_rows)))
                 any_greedy = any_greedy or seq.sampler.plain_greedy
             rows.extend(item.tokens)
         batch = ForwardBatch(
             np.asarray(rows, dtype=np.int64), tuple(segments), np.asarray(logit_rows, dtype=np.int64)
         )
-        logits = self.model.forward(batch, self.cache)
-        argmax = logits.argmax(axis=1).tolist() if any_greedy else None
-        return {owner: (logits, argmax, first) for owner, first in firsts}
+        draws: list[SampledToken | None] | None = None
+        if self._device_xp is None:
+            logits: np.ndarray | None = self.model.forward(batch, self.cache)
+        else:
+            logits, draws = self._sample_on_device(self.model.forward_logits(batch, self.cache), owners)  # type: ignore[attr-defined]
+        argmax = logits.argmax(axis=1).tolist() if any_greedy and logits is not None else None
+        return {owner: (logits, argmax, first, draws) for owner, first in firsts}
+
+    def _sample_on_device(
+        self, device_logits: object, owners: list[tuple[Sequence, int]]
+    ) -> tuple[np.ndarray | None, list[SampledToken | None]]:
+        """Draw on the device every row whose request is inside the envelope (sampled, free text:
+        greedy rows, constrained rows and the rest go to the host), each at its own position, so
+        every draw is the one the host chain would make from the same row. Returns the host copy of
+        the logits (None when no row needs it) and each row's device draw (or None)."""
+        backend = self.model.backend  # type: ignore[attr-defined]
+        eligible = [
+            i for i, (seq, _) in enumerate(owners) if seq.constraint is None and not seq.sampler.plain_greedy
+        ]
+        draws: list[SampledToken | None] = [None] * len(owners)
+        if eligible:
+            rows = device_logits
+            if len(eligible) < len(owners):
+                rows = device_logits[backend.asarray(np.asarray(eligible, dtype=np.int32))]  # type: ignore[index]
+            found = sample_on_device(
+                self._device_xp,
+                rows,
+                [owners[i][0].sampler for i in eligible],
+                [owners[i][1] for i in eligible],
+                backend.to_host,
+            )
+            for i, draw in zip(eligible, found, strict=True):
+                draws[i] = draw
+        host = backend.to_host(device_logits) if any(d is None for d in draws) else None
+        return host, draws
 
     def _execute(self, work: list[ScheduledWork]) -> dict[int, ItemLogits]:
         """One forward for the whole batch; if it fails, rerun each sequence alone so only the
@@ -436,14 +478,20 @@ class Engine:
         seq = item.sequence
         sampler = seq.sampler
         constraint = seq.constraint
-        block, argmax, first = logits
+        block, argmax, first, draws = logits
         position = len(seq.generated)
         accepted: list[SampledToken] = []
         last = len(item.logit_rows) - 1
         for j, row in enumerate(item.logit_rows):
             i = first + j
             try:
-                sampled = Engine._draw(seq, block[i], position + j, None if argmax is None else argmax[i])
+                drawn = None if draws is None else draws[i]
+                if drawn is not None:  # the device drew it, exactly as the host would from this row
+                    sampled = drawn
+                    seq.sampled_on_device += 1
+                else:
+                    assert block is not None  # a row not drawn on the device was copied to the host
+                    sampled = Engine._draw(seq, block[i], position + j, None if argmax is None else argmax[i])
                 sampler.accept(sampled.token_id)
                 if constraint is not None:
                     constraint.consume(sampled.token_id)
@@ -574,6 +622,7 @@ class Engine:
             tuple(seq.generated),
             seq.output.text,
             seq.spec_counters.as_counters() if seq.spec_counters is not None else {},
+            sampled_on_device=seq.sampled_on_device,
             error_param=error_param,
         )
         seq.stream.push(done)

@@ -85,6 +85,9 @@ class DoneEvent:
     """The whole completion text (the concatenation of the TokenEvent texts)."""
     counters: dict[str, int] = field(default_factory=dict)
     """Mode-specific counters, e.g. speculative drafted/accepted."""
+    sampled_on_device: int = 0
+    """Draws made on the device (a GPU backend, inside the sampling envelope); every other draw of
+    the request, greedy, outside the envelope or constrained, ran on the host."""
     error_param: str | None = None
     """The request setting an error is due to (``logit_bias``, ``temperature``, ...), when the step
     failed because of it rather than the model or the engine; None otherwise."""

@@ -67,6 +67,8 @@ class Sequence:
     """How many drafts to ask for next (None when the request does not speculate)."""
     spec_counters: SpecCounters | None = None
     """What this sequence drafted and what verification kept (None when it does not speculate)."""
+    sampled_on_device: int = 0
+    """Draws made from candidates the device picked (envelope sampling); the rest were the host's."""
     submitted_at: float = field(default_factory=time.perf_counter)
     scheduled_at: float | None = None
     first_token_at: float | None = None
