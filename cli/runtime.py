@@ -121,6 +121,7 @@ def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) ->
         max_batched_tokens=settings.max_batched_tokens,
         batch_size=settings.batch_size,
         max_queue=settings.max_queue,
+        prefix_caching=settings.prefix_caching,
         fault_hook=fault_hook,
     )
 

@@ -160,6 +160,12 @@ class ProfileFile(_Section):
         description="Requests that may wait for a free sequence at once; one more is refused "
         "(the server answers 503 with Retry-After). 0 = no bound.",
     )
+    prefix_caching: bool = Field(
+        False,
+        description="Keep finished prompts' whole prefill chunks (batch_size tokens each) in the KV "
+        "cache, so a request starting with the same tokens (a shared system prompt, the next turn "
+        "of a chat) skips computing them; the tokens are the same with or without it.",
+    )
     model: str | None = Field(
         None,
         description="A GGUF file, a safetensors folder, a name `infer models list` shows, "

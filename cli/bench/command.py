@@ -111,6 +111,7 @@ def trace_request(engine: Engine, request: Request) -> Trace:
             trace.error = event.error
             trace.counters = dict(event.counters)
             trace.sampled_on_device = event.sampled_on_device
+            trace.cached_prompt_tokens = event.usage.cached_prompt_tokens
     return trace
 
 
@@ -167,6 +168,7 @@ class EngineBench:
                     trace.error = event.error
                     trace.counters = dict(event.counters)
                     trace.sampled_on_device = event.sampled_on_device
+                    trace.cached_prompt_tokens = event.usage.cached_prompt_tokens
 
         threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(concurrency)]
         for thread in threads:

@@ -35,6 +35,8 @@ class Trace:
     """The request's speculation counters (empty without speculation)."""
     sampled_on_device: int = 0
     """Tokens of the request drawn on the device (a GPU backend, inside the sampling envelope)."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens the prefix cache supplied."""
 
     @property
     def tokens(self) -> int:
@@ -156,6 +158,7 @@ class BenchResult:
             **self.extra,
             "speculative": self.speculation(),
             "sampled_where": self.sampled_where(),
+            "cached_prompt_tokens": sum(t.cached_prompt_tokens for t in self.traces),
         }
 
     def sampled_where(self) -> dict[str, int]:

@@ -85,10 +85,16 @@ def usage_of(results_done: Sequence[DoneEvent], prompt_lengths: Sequence[int]) -
     speculation, `speculative` holds the choices' counters summed (`infer.engine.speculative.summary`)."""
     prompt = sum(prompt_lengths)
     completion = sum(d.usage.completion_tokens for d in results_done)
+    # Prompt tokens served from the prefix cache: the choices' average, as each prompt counts once.
+    per_choice = len(results_done) / max(len(prompt_lengths), 1)
+    cached = (
+        round(sum(d.usage.cached_prompt_tokens for d in results_done) / per_choice) if results_done else 0
+    )
     usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": min(cached, prompt)},
     }
     speculative = speculation_of(results_done)
     if speculative is not None:

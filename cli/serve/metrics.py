@@ -71,6 +71,15 @@ class ServerMetrics:
         self.generation_tokens = Counter(
             "infer:generation_tokens", "Tokens generated.", list(labels), registry=r
         )
+        self.prefix_queries = Counter(
+            "infer:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            list(labels),
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "infer:prefix_cache_hits", "Prompt tokens the prefix cache supplied.", list(labels), registry=r
+        )
         self.draft_tokens = Counter(
             "infer:spec_decode_num_draft_tokens", "Speculative tokens drafted.", list(labels), registry=r
         )
@@ -104,6 +113,8 @@ class ServerMetrics:
         labels = self._labels
         self.requests.labels(**labels, finished_reason=done.finish_reason).inc()
         self.prompt_tokens.labels(**labels).inc(done.usage.prompt_tokens)
+        self.prefix_queries.labels(**labels).inc(done.usage.prompt_tokens)
+        self.prefix_hits.labels(**labels).inc(done.usage.cached_prompt_tokens)
         self.generation_tokens.labels(**labels).inc(done.usage.completion_tokens)
         self.draft_tokens.labels(**labels).inc(done.counters.get("draft_tokens", 0))
         self.accepted_tokens.labels(**labels).inc(done.counters.get("accepted_tokens", 0))

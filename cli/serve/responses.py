@@ -74,7 +74,10 @@ class _ResponseBuilder:
         if done is not None:
             usage = {
                 "input_tokens": done.usage.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "input_tokens_details": {
+                    "cached_tokens": done.usage.cached_prompt_tokens,
+                    "cache_write_tokens": 0,
+                },
                 "output_tokens": done.usage.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": done.usage.total_tokens,

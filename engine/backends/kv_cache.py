@@ -91,6 +91,24 @@ class KVCache:
             self.discard(self.values[layer, slot, :, done:upto])
         self._forgotten[slot] = upto
 
+    def forgotten(self, slot: int) -> int:
+        """Positions of `slot` before this were given back by `forget_before` (0: none)."""
+        return self._forgotten.get(slot, 0)
+
+    def trim(self, slot: int, length: int) -> None:
+        """Give back the memory of `slot`'s positions from `length` on (a kept prefix's tail)."""
+        if self.discard is not None and length < self.capacity:
+            self.discard(self.keys[:, slot, :, length:])
+            self.discard(self.values[:, slot, :, length:])
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Copy positions [0, length) of every layer from slot `source` to slot `target` (a kept
+        prompt prefix reused by a new sequence); the source's forgotten positions come along."""
+        self.keys[:, target, :, :length] = self.keys[:, source, :, :length]
+        self.values[:, target, :, :length] = self.values[:, source, :, :length]
+        if self.forgotten(source):
+            self._forgotten[target] = self.forgotten(source)
+
     def release(self, slot: int) -> None:
         """Give a slot back at once (finished, cancelled or failed sequence)."""
         if slot in self._free:

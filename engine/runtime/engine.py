@@ -27,6 +27,7 @@ from infer.engine.models.base import Model
 from infer.engine.runtime.device_sampling import sample_on_device
 from infer.engine.runtime.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
 from infer.engine.runtime.output import OutputProcessor
+from infer.engine.runtime.prefix_cache import PrefixCache
 from infer.engine.runtime.request import EngineBusy, FaultHook, Request, RequestError
 from infer.engine.runtime.scheduler import ScheduledWork, Scheduler, SchedulerLimits
 from infer.engine.runtime.sequence import Sequence
@@ -65,6 +66,9 @@ class EngineConfig:
     max_queue: int = 0
     """Requests that may wait for a KV slot at once (0 = no bound); one more is refused with
     EngineBusy, so a burst is shed instead of queueing without limit."""
+    prefix_caching: bool = False
+    """Keep finished prompts' whole prefill chunks in the KV cache and start a request that shares
+    them from there (see runtime.prefix_cache); the tokens are the same either way."""
     fault_hook: FaultHook | None = None
     """Test-only failure injection (see request.FaultHook)."""
     thread_setup: Callable[[], None] | None = None
@@ -91,8 +95,14 @@ class Engine:
         self.config = config
         self.load_seconds = load_seconds
         self.cache = model.make_cache(config.max_num_seqs, config.ctx_size)
+        prefix_cache = None
+        if config.prefix_caching:
+            window = getattr(model.config, "sliding_window", None)
+            prefix_cache = PrefixCache(self.cache, config.batch_size, window)
         self.scheduler = Scheduler(
-            SchedulerLimits(config.max_num_seqs, config.max_batched_tokens, config.batch_size), self.cache
+            SchedulerLimits(config.max_num_seqs, config.max_batched_tokens, config.batch_size),
+            self.cache,
+            prefix_cache=prefix_cache,
         )
         self.drafters: dict[str, Drafter] = {"prompt_lookup": PromptLookupDrafter()}
         """The drafter of each speculative method this engine can run (draft_model only with a
@@ -616,7 +626,7 @@ class Engine:
             seq.request.request_id,
             reason,
             error,
-            Usage(len(seq.prompt_ids), len(seq.generated)),
+            Usage(len(seq.prompt_ids), len(seq.generated), seq.cached_prompt_tokens),
             timings,
             seq.seed,
             tuple(seq.generated),

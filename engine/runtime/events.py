@@ -38,6 +38,8 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+    cached_prompt_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache instead of being computed."""
 
     @property
     def total_tokens(self) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from infer.engine.backends.kv_cache import KVCache
+from infer.engine.runtime.prefix_cache import PrefixCache
 from infer.engine.runtime.sequence import Sequence, SequenceStatus
 
 StepKind = Literal["prefill", "decode", "verify"]
@@ -71,6 +72,8 @@ class Scheduler:
     cache: KVCache
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
+    prefix_cache: PrefixCache | None = None
+    """Kept prompt prefixes (prefix caching), or None: every prompt is computed from position 0."""
 
     def add(self, sequence: Sequence) -> None:
         """Queue a new sequence; it gets a slot when one is free."""
@@ -84,7 +87,11 @@ class Scheduler:
         elif sequence in self.waiting:
             self.waiting.remove(sequence)
         if sequence.slot is not None:
-            self.cache.release(sequence.slot)
+            kept = self.prefix_cache is not None and self.prefix_cache.keep(
+                sequence.slot, sequence.prompt_ids, sequence.num_computed_tokens
+            )
+            if not kept:
+                self.cache.release(sequence.slot)
             sequence.slot = None
         sequence.status = SequenceStatus.FINISHED
 
@@ -95,12 +102,16 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.limits.max_num_seqs:
-            slot = self.cache.acquire()
+            if self.prefix_cache is None:
+                slot, reused = self.cache.acquire(), 0
+            else:
+                slot, reused = self.prefix_cache.acquire(self.waiting[0].prompt_ids)
             if slot is None:
                 return
             sequence = self.waiting.popleft()
             sequence.slot = slot
-            sequence.num_computed_tokens = 0
+            sequence.num_computed_tokens = reused
+            sequence.cached_prompt_tokens = reused
             sequence.status = SequenceStatus.RUNNING
             self.running.append(sequence)
 

@@ -67,6 +67,8 @@ class Sequence:
     """How many drafts to ask for next (None when the request does not speculate)."""
     spec_counters: SpecCounters | None = None
     """What this sequence drafted and what verification kept (None when it does not speculate)."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens whose KV a kept prefix supplied (prefix caching) when the sequence got its slot."""
     sampled_on_device: int = 0
     """Draws made from candidates the device picked (envelope sampling); the rest were the host's."""
     submitted_at: float = field(default_factory=time.perf_counter)
