@@ -1,168 +1,141 @@
 #!/usr/bin/env python
-"""Throughput of `infer serve` at several concurrency levels: requests/s and tokens/s.
+"""Serving throughput side by side: the bare engine, `infer serve`, and llama.cpp's `llama-server`.
 
-Starts a server on 127.0.0.1 (or uses `--url`), then for each level C runs C streaming clients, each
-sending `--rounds` chat requests one after another (fixed length: `ignore_eos`, greedy), and prints a
-table: requests/s, generated tokens/s, mean time to first token and mean request latency.
+    python scripts/bench_serve.py [--concurrency 1,4,16,64] [-n 64] [--prompt 32] [--no-llamacpp]
 
-    python scripts/bench_serve.py                       # 1, 8 and 32 streams on the default model
-    python scripts/bench_serve.py --url http://127.0.0.1:8080 --concurrency 1,4,16
+Every figure comes from one tool, `infer bench`'s concurrent decode sweep (C streams, each a
+`--prompt`-token prompt and `-n` generated tokens, aggregate tok/s and TTFT percentiles):
+  * bare engine: `infer bench` on a local engine (the step loop with no HTTP in between);
+  * infer serve: `infer bench --server URL` against `infer serve --max-num-seqs max(C)`;
+  * llama-server: `infer bench --server URL` against `llama-server -np C` (built from the
+    llama-cpp-python sdist into the cache folder by scripts/llamacpp_build.py), same GGUF, prompts
+    and lengths, one server per level since -np fixes its parallel slots.
+Prints the table and the ratios issue 20 sets targets on: infer serve >= 0.9x the bare engine at 16
+and 64 streams; >= 1.5x llama-server's tok/s at 16 streams with TTFT p99 no worse.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import statistics
+import os
+import socket
+import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llamacpp_build import cpuinfo_flags, default_cache_dir, ensure_server_built
+
+from infer.cli.model_store import ensure_default_model
 from infer.cli.serve.launch import start_server
 
-PROMPT = "Write a short story about a lighthouse keeper."
+Row = dict[str, float]
 
 
-@dataclass
-class LevelResult:
-    """One concurrency level's figures."""
-
-    concurrency: int
-    requests: int
-    errors: int
-    seconds: float
-    completion_tokens: int
-    requests_per_s: float
-    tokens_per_s: float
-    mean_ttft_s: float
-    mean_latency_s: float
-
-
-async def _one_request(client: httpx.AsyncClient, max_tokens: int) -> tuple[int, float, float]:
-    """(completion tokens, time to first token, latency) of one streamed chat request."""
-    body = {
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    started = time.perf_counter()
-    first: float | None = None
-    tokens = 0
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
-            if first is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                first = time.perf_counter() - started
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    latency = time.perf_counter() - started
-    return tokens, first if first is not None else latency, latency
+def infer_bench(levels: list[int], n: int, prompt: int, extra: list[str]) -> dict[int, Row]:
+    """`infer bench`'s concurrency sweep (local engine, or a server through `extra`): per level,
+    aggregate tok/s and TTFT p50/p99 in ms."""
+    command = [
+        sys.executable, "-c", "from infer.cli.main import main; main()", "bench",
+        "--concurrency", ",".join(map(str, levels)), "--concurrency-prompt", str(prompt),
+        "-n", str(n), "-p", "16", "-r", "1", "--json", *extra,
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"infer bench failed: {proc.stderr.strip().splitlines()[-1:]}")
+    rows: dict[int, Row] = {}
+    for record in json.loads(proc.stdout)["results"]:
+        if record["kind"] == "conc":
+            ttft = record.get("ttft_ms") or {}
+            rows[record["concurrency"]] = {
+                "tps": record["tps_mean"],
+                "ttft_p50": ttft.get("p50", float("nan")),
+                "ttft_p99": ttft.get("p99", float("nan")),
+                "errors": record["errors"],
+            }
+    return rows
 
 
-async def run_level(url: str, concurrency: int, rounds: int, max_tokens: int) -> LevelResult:
-    """C clients, each sending `rounds` requests back to back."""
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        results: list[tuple[int, float, float]] = []
-        errors = 0
-
-        async def worker() -> None:
-            nonlocal errors
-            for _ in range(rounds):
-                try:
-                    results.append(await _one_request(client, max_tokens))
-                except (RuntimeError, httpx.HTTPError) as exc:
-                    errors += 1
-                    print(f"  request failed: {exc}", file=sys.stderr)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        seconds = time.perf_counter() - started
-    tokens = sum(r[0] for r in results)
-    return LevelResult(
-        concurrency=concurrency,
-        requests=len(results),
-        errors=errors,
-        seconds=seconds,
-        completion_tokens=tokens,
-        requests_per_s=len(results) / seconds,
-        tokens_per_s=tokens / seconds,
-        mean_ttft_s=statistics.fmean(r[1] for r in results) if results else 0.0,
-        mean_latency_s=statistics.fmean(r[2] for r in results) if results else 0.0,
-    )
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-def print_table(results: list[LevelResult]) -> None:
-    """A plain-text table on stdout."""
-    header = (
-        f"{'streams':>7} {'requests':>8} {'errors':>6} {'seconds':>8} {'req/s':>7} {'tok/s':>8} "
-        f"{'TTFT s':>7} {'latency s':>9}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        print(
-            f"{r.concurrency:>7} {r.requests:>8} {r.errors:>6} {r.seconds:>8.2f} {r.requests_per_s:>7.2f} "
-            f"{r.tokens_per_s:>8.1f} {r.mean_ttft_s:>7.2f} {r.mean_latency_s:>9.2f}"
-        )
+def llama_server_level(binary: Path, model: Path, level: int, n: int, prompt: int) -> Row:
+    """One level against `llama-server -np level` on 2 threads (a fresh server per level)."""
+    port = free_port()
+    ctx = level * (prompt + n + 64)
+    args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(level)]
+    args += ["-c", str(ctx), "-t", str(os.cpu_count() or 2), "--log-disable"]
+    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise SystemExit("llama-server did not become healthy in 120 s")
+        return infer_bench([level], n, prompt, ["--server", url, "--api", "completions"])[level]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def main() -> int:
-    """Parse arguments, start (or reach) the server, run every level, print the table."""
+    """Run the three columns and print the table and the target ratios."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--url", help="an already running server (default: start one on 127.0.0.1)")
-    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated stream counts")
-    parser.add_argument("--rounds", type=int, default=2, help="requests each client sends in turn")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per request")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
-    parser.add_argument(
-        "server_args",
-        nargs=argparse.REMAINDER,
-        help="after --, arguments for `infer serve` (default: -c 2048 --max-num-seqs 32)",
-    )
+    parser.add_argument("--concurrency", default="1,4,16,64")
+    parser.add_argument("-n", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens per request")
+    parser.add_argument("--no-llamacpp", action="store_true", help="skip the llama-server column")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    server = None
-    url = args.url
-    if url is None:
-        extra = [a for a in args.server_args if a != "--"] or [
-            "-c",
-            "2048",
-            "--max-num-seqs",
-            str(max(levels)),
-        ]
-        print(f"starting infer serve {' '.join(extra)} ...", file=sys.stderr)
-        server = start_server(extra)
-        url = server.url
-        print(f"server ready at {url} after {server.startup_seconds:.1f} s", file=sys.stderr)
-    assert url is not None
+    model = ensure_default_model()
+    print("bare engine ...", file=sys.stderr)
+    bare = infer_bench(levels, args.n, args.prompt, ["-m", str(model)])
+    print("infer serve ...", file=sys.stderr)
+    server = start_server(["-m", str(model), "-c", "4096", "--max-num-seqs", str(max(levels))])
     try:
-        # One short request first, so the first level does not pay for warm-up.
-        asyncio.run(run_level(url, 1, 1, 2))
-        results = []
-        for level in levels:
-            print(f"running {level} concurrent streams ...", file=sys.stderr)
-            results.append(asyncio.run(run_level(url, level, args.rounds, args.max_tokens)))
+        served = infer_bench(levels, args.n, args.prompt, ["--server", server.url, "--api", "completions"])
     finally:
-        if server is not None:
-            server.stop()
-    if args.json:
-        print(json.dumps([asdict(r) for r in results], indent=2))
-    else:
-        print_table(results)
-    return 1 if any(r.errors for r in results) else 0
+        server.stop()
+    llama: dict[int, Row] = {}
+    if not args.no_llamacpp:
+        flags = cpuinfo_flags(Path("/proc/cpuinfo").read_text())
+        binary = ensure_server_built(default_cache_dir(), flags)
+        for level in levels:
+            print(f"llama-server -np {level} ...", file=sys.stderr)
+            llama[level] = llama_server_level(binary, model, level, args.n, args.prompt)
+
+    print(
+        f"default model, prompt {args.prompt} + {args.n} generated tokens per stream, {os.cpu_count()} cores"
+    )
+    head = f"{'streams':>7}  {'bare tok/s':>10}  {'serve tok/s':>11}  {'serve/bare':>10}  "
+    print(head + f"{'llama tok/s':>11}  {'serve/llama':>11}  {'TTFT p99 serve':>14}  {'TTFT p99 llama':>14}")
+    for level in levels:
+        b, s, ll = bare[level], served[level], llama.get(level)
+        print(
+            f"{level:>7}  {b['tps']:>10.1f}  {s['tps']:>11.1f}  {s['tps'] / b['tps']:>9.2f}x  "
+            + (f"{ll['tps']:>11.1f}  {s['tps'] / ll['tps']:>10.2f}x  " if ll else f"{'-':>11}  {'-':>11}  ")
+            + f"{s['ttft_p99']:>12.0f}ms  "
+            + (f"{ll['ttft_p99']:>12.0f}ms" if ll else f"{'-':>14}")
+        )
+    errors = sum(r["errors"] for r in [*bare.values(), *served.values(), *llama.values()])
+    print("targets: serve >= 0.9x bare at 16 and 64 streams; >= 1.5x llama-server at 16, TTFT p99 no worse")
+    print(f"failed requests: {errors}")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
