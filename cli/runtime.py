@@ -41,6 +41,7 @@ from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
 from infer.engine.runtime.request import FaultHook
 from infer.profiles.backend_choice import choose_backend, fallback_notice
 from infer.profiles.constraints import grammar_from_settings
+from infer.profiles.schema import memory_bytes
 from infer.profiles.settings import Settings, SettingsError, refuse_unimplemented
 
 STDERR = Console(stderr=True)
@@ -122,6 +123,7 @@ def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) ->
         batch_size=settings.batch_size,
         max_queue=settings.max_queue,
         prefix_caching=settings.prefix_caching,
+        kv_cache_bytes=memory_bytes(settings.kv_cache_memory),
         fault_hook=fault_hook,
     )
 

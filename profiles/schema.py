@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -120,6 +121,39 @@ class SpeculativeSection(_Section):
     )
 
 
+_MEMORY_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+}
+
+
+def memory_bytes(value: str) -> int:
+    """Bytes of a memory size: `2GiB`, `512MiB`, `1.5GB`, a plain byte count, `0` (no bound), or a
+    fraction of the machine's memory below 1 (`0.25`). Raises ValueError naming the accepted forms."""
+    import re
+
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?", text, flags=re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"{value!r} is not a memory size (e.g. 2GiB, 512MiB, 1.5GB, 0.25 of RAM, or 0)")
+    number, unit = float(match.group(1)), (match.group(2) or "").upper()
+    if not unit and 0 < number < 1:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        return int(number * pages * page_size)
+    return int(number * _MEMORY_UNITS[unit])
+
+
+def _memory_size(value: str) -> str:
+    memory_bytes(value)  # refuse a bad size when the profile or flag is read, not at load
+    return str(value)
+
+
 def _not_zero(n_predict: int) -> int:
     # 0 once meant "no limit" in one layer and "nothing" in another: one off value (-1) is enough.
     if n_predict == 0:
@@ -159,6 +193,12 @@ class ProfileFile(_Section):
         ge=0,
         description="Requests that may wait for a free sequence at once; one more is refused "
         "(the server answers 503 with Retry-After). 0 = no bound.",
+    )
+    kv_cache_memory: Annotated[str, AfterValidator(_memory_size)] = Field(
+        "0",
+        description="KV memory the running sequences (and kept prefixes) may hold: 2GiB, 512MiB, "
+        "a fraction of RAM below 1 (0.25), or 0 = no bound. A request waits until its prompt and "
+        "token limit fit; one that could never fit is refused.",
     )
     prefix_caching: bool = Field(
         False,

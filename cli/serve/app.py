@@ -134,15 +134,22 @@ def create_app(
     async def health() -> JSONResponse:
         """Liveness and load: 200 while admitting (503 once shutting down); `active_sequences` is what the
         engine still holds (queued or with a KV slot), `waiting_sequences` the queue that `max_queue`
-        bounds, `kv_slots_used` of `kv_slots_total` the KV cache in use."""
+        bounds, `kv_slots_used` of `kv_slots_total` the KV cache in use (`kv_slots_kept` more hold
+        kept prompt prefixes), `kv_memory_reserved_bytes` of `kv_memory_budget_bytes` (0 = no budget)
+        the KV memory set aside."""
+        prefixes = engine.scheduler.prefix_cache
+        kept = prefixes.kept_slots if prefixes is not None else 0
         body = {
             "status": "ok" if ctx.bridge.admitting else "shutting_down",
             "model": ctx.model_id,
             "active_sequences": engine.active_sequences,
             "waiting_sequences": engine.waiting_sequences,
             "max_queue": engine.config.max_queue,
-            "kv_slots_used": engine.cache.num_slots - engine.cache.free_slots,
+            "kv_slots_used": engine.cache.num_slots - engine.cache.free_slots - kept,
+            "kv_slots_kept": kept,
             "kv_slots_total": engine.cache.num_slots,
+            "kv_memory_reserved_bytes": engine.scheduler.reserved_bytes,
+            "kv_memory_budget_bytes": engine.kv_budget.budget_bytes,
             "in_flight": ctx.bridge.in_flight,
         }
         if ctx.bridge.admitting:

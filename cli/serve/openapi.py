@@ -131,7 +131,10 @@ class Health(_Open):
     waiting_sequences: int
     max_queue: int
     kv_slots_used: int
+    kv_slots_kept: int
     kv_slots_total: int
+    kv_memory_reserved_bytes: int
+    kv_memory_budget_bytes: int
     in_flight: int
 
 

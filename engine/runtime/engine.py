@@ -26,6 +26,7 @@ from infer.engine.grammar import Constraint, GrammarError, GrammarViolationError
 from infer.engine.models.base import Model
 from infer.engine.runtime.device_sampling import sample_on_device
 from infer.engine.runtime.events import DoneEvent, FinishReason, Timings, TokenEvent, Usage
+from infer.engine.runtime.kv_budget import KVBudget
 from infer.engine.runtime.output import OutputProcessor
 from infer.engine.runtime.prefix_cache import PrefixCache
 from infer.engine.runtime.request import EngineBusy, FaultHook, Request, RequestError
@@ -66,6 +67,9 @@ class EngineConfig:
     max_queue: int = 0
     """Requests that may wait for a KV slot at once (0 = no bound); one more is refused with
     EngineBusy, so a burst is shed instead of queueing without limit."""
+    kv_cache_bytes: int = 0
+    """KV memory the running sequences and kept prefixes may hold (0 = no bound beyond
+    max_num_seqs x ctx_size): a sequence waits until its prompt and token limit fit."""
     prefix_caching: bool = False
     """Keep finished prompts' whole prefill chunks in the KV cache and start a request that shares
     them from there (see runtime.prefix_cache); the tokens are the same either way."""
@@ -99,10 +103,12 @@ class Engine:
         if config.prefix_caching:
             window = getattr(model.config, "sliding_window", None)
             prefix_cache = PrefixCache(self.cache, config.batch_size, window)
+        self.kv_budget = KVBudget.for_cache(self.cache, config.kv_cache_bytes, config.ctx_size)
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, config.max_batched_tokens, config.batch_size),
             self.cache,
             prefix_cache=prefix_cache,
+            budget=self.kv_budget if self.kv_budget.bounded else None,
         )
         self.drafters: dict[str, Drafter] = {"prompt_lookup": PromptLookupDrafter()}
         """The drafter of each speculative method this engine can run (draft_model only with a
@@ -160,6 +166,16 @@ class Engine:
                 f"the prompt has {prompt} tokens but the context holds {self.config.ctx_size} "
                 "(prompt plus at least one generated token); shorten it or raise ctx_size",
                 "prompt",
+            )
+        budget = self.kv_budget
+        need = budget.positions(prompt, request.max_tokens)
+        if budget.bounded and need > budget.max_positions:
+            mib = 1 << 20
+            raise RequestError(
+                f"the prompt and max_tokens need {need} positions of KV cache "
+                f"({budget.bytes_for(need) / mib:.0f} MiB) but kv_cache_memory holds "
+                f"{budget.max_positions} ({budget.budget_bytes / mib:.0f} MiB); lower max_tokens or raise it",
+                "max_tokens" if request.max_tokens is not None else "prompt",
             )
         vocab = self.model.vocab_size
         bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)

@@ -79,6 +79,17 @@ class PrefixCache:
         self._count(length)
         return slot, length
 
+    @property
+    def kept_positions(self) -> int:
+        """Positions the kept prefixes hold (what they count against a memory budget)."""
+        return sum(len(kept) for kept in self._kept.values())
+
+    def evict_oldest(self) -> None:
+        """Give the least recently used kept slot back (nothing when none is kept)."""
+        if self._kept:
+            slot, _ = self._kept.popitem(last=False)
+            self.cache.release(slot)
+
     def clear(self) -> None:
         """Give every kept slot back."""
         while self._kept:

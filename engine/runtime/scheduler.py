@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from infer.engine.backends.kv_cache import KVCache
+from infer.engine.runtime.kv_budget import KVBudget
 from infer.engine.runtime.prefix_cache import PrefixCache
 from infer.engine.runtime.sequence import Sequence, SequenceStatus
 
@@ -74,6 +75,10 @@ class Scheduler:
     running: list[Sequence] = field(default_factory=list)
     prefix_cache: PrefixCache | None = None
     """Kept prompt prefixes (prefix caching), or None: every prompt is computed from position 0."""
+    budget: KVBudget | None = None
+    """The KV memory budget (admission waits while a sequence's positions do not fit), or None."""
+    _reserved: dict[int, int] = field(default_factory=dict)
+    """Per running sequence (by id): the positions the budget set aside for it."""
 
     def add(self, sequence: Sequence) -> None:
         """Queue a new sequence; it gets a slot when one is free."""
@@ -86,6 +91,7 @@ class Scheduler:
             self.running.remove(sequence)
         elif sequence in self.waiting:
             self.waiting.remove(sequence)
+        self._reserved.pop(id(sequence), None)
         if sequence.slot is not None:
             kept = self.prefix_cache is not None and self.prefix_cache.keep(
                 sequence.slot, sequence.prompt_ids, sequence.num_computed_tokens
@@ -102,6 +108,8 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.limits.max_num_seqs:
+            if not self._budget_admits(self.waiting[0]):
+                return  # first come, first served: the head of the queue waits for room
             if self.prefix_cache is None:
                 slot, reused = self.cache.acquire(), 0
             else:
@@ -112,8 +120,37 @@ class Scheduler:
             sequence.slot = slot
             sequence.num_computed_tokens = reused
             sequence.cached_prompt_tokens = reused
+            if self.budget is not None:
+                self._reserved[id(sequence)] = self._positions(sequence)
             sequence.status = SequenceStatus.RUNNING
             self.running.append(sequence)
+
+    def _positions(self, sequence: Sequence) -> int:
+        assert self.budget is not None
+        return self.budget.positions(len(sequence.prompt_ids), sequence.request.max_tokens)
+
+    def _budget_admits(self, sequence: Sequence) -> bool:
+        """Whether the sequence's positions fit the budget beside the running ones and the kept
+        prefixes, evicting kept prefixes (least recently used first) to make room."""
+        if self.budget is None or not self.budget.bounded:
+            return True
+        need = self._positions(sequence)
+        while True:
+            held = sum(self._reserved.values())
+            kept = self.prefix_cache.kept_positions if self.prefix_cache is not None else 0
+            if self.budget.fits(held + kept, need):
+                return True
+            if not kept or self.prefix_cache is None:
+                return False
+            self.prefix_cache.evict_oldest()
+
+    @property
+    def reserved_bytes(self) -> int:
+        """KV bytes set aside for the running sequences and held by kept prefixes."""
+        if self.budget is None:
+            return 0
+        kept = self.prefix_cache.kept_positions if self.prefix_cache is not None else 0
+        return self.budget.bytes_for(sum(self._reserved.values()) + kept)
 
     def schedule(self) -> list[ScheduledWork]:
         """This step's work: decode rows first, then prefill chunks in arrival order."""
