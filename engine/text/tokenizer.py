@@ -10,6 +10,7 @@ joined and read as UTF-8. That makes `decode` and the incremental detokenizer
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -166,10 +167,11 @@ class Tokenizer:
     ) -> None:
         """Low-level constructor; use `from_gguf_metadata` or `from_hf_files`."""
         self._hf = hf
-        # A second copy that treats special-token text as plain text: `encode_special_tokens` is
-        # tokenizer state, and flipping it per call would race between threads.
-        self._hf_plain = HFTokenizer.from_str(hf.to_str())
-        self._hf_plain.encode_special_tokens = True
+        # A second copy that treats special-token text as plain text (`encode_special_tokens` is
+        # tokenizer state, and flipping it per call would race between threads), made on first use:
+        # with a 262k vocabulary it costs a second or so and ~200 MB that most runs never need.
+        self._hf_plain: HFTokenizer | None = None
+        self._hf_plain_lock = threading.Lock()
         self._token_bytes = token_bytes
         self.vocab_size: int = len(token_bytes)
         """Number of token ids (the model's embedding rows may be more)."""
@@ -188,6 +190,15 @@ class Tokenizer:
         self.strip_leading_space = strip_leading_space
         """SentencePiece-style vocabularies: decoded text drops the space the encoder prefixed."""
         self.chat_template = chat_template
+
+    def _plain(self) -> HFTokenizer:
+        """The copy that encodes special-token text as plain text (built once, on first use)."""
+        with self._hf_plain_lock:
+            if self._hf_plain is None:
+                plain = HFTokenizer.from_str(self._hf.to_str())
+                plain.encode_special_tokens = True
+                self._hf_plain = plain
+            return self._hf_plain
 
     # ---- construction -------------------------------------------------------------------------
 
@@ -368,7 +379,7 @@ class Tokenizer:
         parse_special: special-token text such as "<|im_start|>" becomes that token (as llama-server
         does); False treats it as plain text. add_bos: prepend BOS; None follows the model's metadata.
         """
-        hf = self._hf if parse_special else self._hf_plain
+        hf = self._hf if parse_special else self._plain()
         try:
             ids = hf.encode(text, add_special_tokens=False).ids
         except TypeError:
