@@ -1,11 +1,14 @@
-"""Int8-activation matmuls on raw legacy blocks (Q4_0, Q4_1, Q8_0), the drivers of simd_int8.py.
+"""Int8-activation matmuls on raw legacy blocks (Q4_0, Q4_1, Q8_0): the drivers of simd_int8.py.
 
 Activations come quantized per 32-block (quantize_activations: xq int8, xs float32); what the kernels
 read of them besides xq is laid out once per call (`int8_activations`). Threads split the output rows
-only (prange over tiles of TILE weight rows); within a tile the activation rows go in groups of 8, then
-4, then 1 to 3, each group sharing every decoded weight pair (simd_int8.py). Every out[b, o] goes through
-the same per-row arithmetic in the same order whatever group it is in, so a row's result is
+only (prange over tiles of TILE weight rows); within a tile the activation rows go in groups of 8 and
+one group of the 1 to 7 left, each group sharing every decoded weight pair (simd_int8.py), so up to 8
+rows (k drafts and the bonus row of a verify step) cost one pass over the weights. Every out[b, o] goes
+through the same per-row arithmetic in the same order whatever group it is in, so a row's result is
 bit-identical alone or anywhere in a batch.
+One compiled kernel per int8 path, so a process compiles (or loads from numba's cache) only the path
+its host runs; `*_matmul_int8_path` reaches the others (the tests compare them bit for bit).
 numba's cache tracks only this file for these kernels: after editing simd_int8.py, touch this file.
 """
 
@@ -56,137 +59,219 @@ def int8_activations(xq, xs):
 # ---- Q4_0
 
 
-@njit(inline="always", cache=True)
-def _q4_0_vnni_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last):
-    """Weight rows first..last-1 against every activation row: groups of 8, then 4, then 1 to 3."""
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    for b in range(0, eights, 8):
-        for o in range(first, last):
-            r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_0_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b)
-            (
-                out[b, o],
-                out[b + 1, o],
-                out[b + 2, o],
-                out[b + 3, o],
-                out[b + 4, o],
-                out[b + 5, o],
-                out[b + 6, o],
-                out[b + 7, o],
-            ) = r0, r1, r2, r3, r4, r5, r6, r7
-    b = eights
-    if batch - b >= 4:
-        for o in range(first, last):
-            r0, r1, r2, r3 = simd_int8.q4_0_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-        b += 4
-    rest = batch - b
-    if rest == 1:
-        for o in range(first, last):
-            (r0,) = simd_int8.q4_0_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o] = r0
-    elif rest == 2:
-        for o in range(first, last):
-            r0, r1 = simd_int8.q4_0_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o] = r0, r1
-    elif rest == 3:
-        for o in range(first, last):
-            r0, r1, r2 = simd_int8.q4_0_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
-
-
-@njit(inline="always", cache=True)
-def _q4_0_avx2_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last):
-    """Weight rows first..last-1 against every activation row: groups of 8, then 4, then 1 to 3."""
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    for b in range(0, eights, 8):
-        for o in range(first, last):
-            r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_0_avx28(blocks[o], xq, xu, xl, xsl, xs8, b)
-            (
-                out[b, o],
-                out[b + 1, o],
-                out[b + 2, o],
-                out[b + 3, o],
-                out[b + 4, o],
-                out[b + 5, o],
-                out[b + 6, o],
-                out[b + 7, o],
-            ) = r0, r1, r2, r3, r4, r5, r6, r7
-    b = eights
-    if batch - b >= 4:
-        for o in range(first, last):
-            r0, r1, r2, r3 = simd_int8.q4_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-        b += 4
-    rest = batch - b
-    if rest == 1:
-        for o in range(first, last):
-            (r0,) = simd_int8.q4_0_avx21(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o] = r0
-    elif rest == 2:
-        for o in range(first, last):
-            r0, r1 = simd_int8.q4_0_avx22(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o] = r0, r1
-    elif rest == 3:
-        for o in range(first, last):
-            r0, r1, r2 = simd_int8.q4_0_avx23(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
-
-
-@njit(inline="always", cache=True)
-def _q4_0_portable_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last):
-    """Weight rows first..last-1 against every activation row: groups of 8, then 4, then 1 to 3."""
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    for b in range(0, eights, 8):
-        for o in range(first, last):
-            r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_0_portable8(blocks[o], xq, xu, xl, xsl, xs8, b)
-            (
-                out[b, o],
-                out[b + 1, o],
-                out[b + 2, o],
-                out[b + 3, o],
-                out[b + 4, o],
-                out[b + 5, o],
-                out[b + 6, o],
-                out[b + 7, o],
-            ) = r0, r1, r2, r3, r4, r5, r6, r7
-    b = eights
-    if batch - b >= 4:
-        for o in range(first, last):
-            r0, r1, r2, r3 = simd_int8.q4_0_portable4(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-        b += 4
-    rest = batch - b
-    if rest == 1:
-        for o in range(first, last):
-            (r0,) = simd_int8.q4_0_portable1(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o] = r0
-    elif rest == 2:
-        for o in range(first, last):
-            r0, r1 = simd_int8.q4_0_portable2(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o] = r0, r1
-    elif rest == 3:
-        for o in range(first, last):
-            r0, r1, r2 = simd_int8.q4_0_portable3(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
-
-
 @njit(cache=True, parallel=True)
-def q4_0_matmul_int8_path(blocks, xq, xs, out, path):
-    """Q4_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
-    every path gives the same bits)."""
+def _q4_0_int8_vnni(blocks, xq, xs, out):
+    """Q4_0 against int8 activations on the vnni path."""
     xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
         first, last = t * TILE, min(rows, (t + 1) * TILE)
-        if path == simd_int8.VNNI:
-            _q4_0_vnni_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last)
-        elif path == simd_int8.AVX2:
-            _q4_0_avx2_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last)
-        else:
-            _q4_0_portable_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_0_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                    out[b + 7, o],
+                ) = r0, r1, r2, r3, r4, r5, r6, r7
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                (r0,) = simd_int8.q4_0_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o] = r0
+        elif rest == 2:
+            for o in range(first, last):
+                r0, r1 = simd_int8.q4_0_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o] = r0, r1
+        elif rest == 3:
+            for o in range(first, last):
+                r0, r1, r2 = simd_int8.q4_0_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+        elif rest == 4:
+            for o in range(first, last):
+                r0, r1, r2, r3 = simd_int8.q4_0_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+        elif rest == 5:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4 = simd_int8.q4_0_vnni5(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        elif rest == 6:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5 = simd_int8.q4_0_vnni6(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        elif rest == 7:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_0_vnni7(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                ) = r0, r1, r2, r3, r4, r5, r6
+
+
+@njit(cache=True, parallel=True)
+def _q4_0_int8_avx2(blocks, xq, xs, out):
+    """Q4_0 against int8 activations on the avx2 path."""
+    xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_0_avx28(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                    out[b + 7, o],
+                ) = r0, r1, r2, r3, r4, r5, r6, r7
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                (r0,) = simd_int8.q4_0_avx21(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o] = r0
+        elif rest == 2:
+            for o in range(first, last):
+                r0, r1 = simd_int8.q4_0_avx22(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o] = r0, r1
+        elif rest == 3:
+            for o in range(first, last):
+                r0, r1, r2 = simd_int8.q4_0_avx23(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+        elif rest == 4:
+            for o in range(first, last):
+                r0, r1, r2, r3 = simd_int8.q4_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+        elif rest == 5:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4 = simd_int8.q4_0_avx25(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        elif rest == 6:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5 = simd_int8.q4_0_avx26(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        elif rest == 7:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_0_avx27(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                ) = r0, r1, r2, r3, r4, r5, r6
+
+
+@njit(cache=True, parallel=True)
+def _q4_0_int8_portable(blocks, xq, xs, out):
+    """Q4_0 against int8 activations on the portable path."""
+    xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_0_portable8(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                    out[b + 7, o],
+                ) = r0, r1, r2, r3, r4, r5, r6, r7
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                (r0,) = simd_int8.q4_0_portable1(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o] = r0
+        elif rest == 2:
+            for o in range(first, last):
+                r0, r1 = simd_int8.q4_0_portable2(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o] = r0, r1
+        elif rest == 3:
+            for o in range(first, last):
+                r0, r1, r2 = simd_int8.q4_0_portable3(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+        elif rest == 4:
+            for o in range(first, last):
+                r0, r1, r2, r3 = simd_int8.q4_0_portable4(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+        elif rest == 5:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4 = simd_int8.q4_0_portable5(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        elif rest == 6:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5 = simd_int8.q4_0_portable6(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        elif rest == 7:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_0_portable7(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                ) = r0, r1, r2, r3, r4, r5, r6
+
+
+def q4_0_matmul_int8_path(
+    blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, path: int
+) -> None:
+    """Q4_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
+    every path gives the same bits)."""
+    (_q4_0_int8_portable, _q4_0_int8_avx2, _q4_0_int8_vnni)[path](blocks, xq, xs, out)
 
 
 def q4_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
@@ -197,137 +282,219 @@ def q4_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np
 # ---- Q4_1
 
 
-@njit(inline="always", cache=True)
-def _q4_1_vnni_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last):
-    """Weight rows first..last-1 against every activation row: groups of 8, then 4, then 1 to 3."""
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    for b in range(0, eights, 8):
-        for o in range(first, last):
-            r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_1_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b)
-            (
-                out[b, o],
-                out[b + 1, o],
-                out[b + 2, o],
-                out[b + 3, o],
-                out[b + 4, o],
-                out[b + 5, o],
-                out[b + 6, o],
-                out[b + 7, o],
-            ) = r0, r1, r2, r3, r4, r5, r6, r7
-    b = eights
-    if batch - b >= 4:
-        for o in range(first, last):
-            r0, r1, r2, r3 = simd_int8.q4_1_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-        b += 4
-    rest = batch - b
-    if rest == 1:
-        for o in range(first, last):
-            (r0,) = simd_int8.q4_1_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o] = r0
-    elif rest == 2:
-        for o in range(first, last):
-            r0, r1 = simd_int8.q4_1_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o] = r0, r1
-    elif rest == 3:
-        for o in range(first, last):
-            r0, r1, r2 = simd_int8.q4_1_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
-
-
-@njit(inline="always", cache=True)
-def _q4_1_avx2_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last):
-    """Weight rows first..last-1 against every activation row: groups of 8, then 4, then 1 to 3."""
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    for b in range(0, eights, 8):
-        for o in range(first, last):
-            r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_1_avx28(blocks[o], xq, xu, xl, xsl, xs8, b)
-            (
-                out[b, o],
-                out[b + 1, o],
-                out[b + 2, o],
-                out[b + 3, o],
-                out[b + 4, o],
-                out[b + 5, o],
-                out[b + 6, o],
-                out[b + 7, o],
-            ) = r0, r1, r2, r3, r4, r5, r6, r7
-    b = eights
-    if batch - b >= 4:
-        for o in range(first, last):
-            r0, r1, r2, r3 = simd_int8.q4_1_avx24(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-        b += 4
-    rest = batch - b
-    if rest == 1:
-        for o in range(first, last):
-            (r0,) = simd_int8.q4_1_avx21(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o] = r0
-    elif rest == 2:
-        for o in range(first, last):
-            r0, r1 = simd_int8.q4_1_avx22(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o] = r0, r1
-    elif rest == 3:
-        for o in range(first, last):
-            r0, r1, r2 = simd_int8.q4_1_avx23(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
-
-
-@njit(inline="always", cache=True)
-def _q4_1_portable_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last):
-    """Weight rows first..last-1 against every activation row: groups of 8, then 4, then 1 to 3."""
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    for b in range(0, eights, 8):
-        for o in range(first, last):
-            r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_1_portable8(blocks[o], xq, xu, xl, xsl, xs8, b)
-            (
-                out[b, o],
-                out[b + 1, o],
-                out[b + 2, o],
-                out[b + 3, o],
-                out[b + 4, o],
-                out[b + 5, o],
-                out[b + 6, o],
-                out[b + 7, o],
-            ) = r0, r1, r2, r3, r4, r5, r6, r7
-    b = eights
-    if batch - b >= 4:
-        for o in range(first, last):
-            r0, r1, r2, r3 = simd_int8.q4_1_portable4(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-        b += 4
-    rest = batch - b
-    if rest == 1:
-        for o in range(first, last):
-            (r0,) = simd_int8.q4_1_portable1(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o] = r0
-    elif rest == 2:
-        for o in range(first, last):
-            r0, r1 = simd_int8.q4_1_portable2(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o] = r0, r1
-    elif rest == 3:
-        for o in range(first, last):
-            r0, r1, r2 = simd_int8.q4_1_portable3(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
-
-
 @njit(cache=True, parallel=True)
-def q4_1_matmul_int8_path(blocks, xq, xs, out, path):
-    """Q4_1 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
-    every path gives the same bits)."""
+def _q4_1_int8_vnni(blocks, xq, xs, out):
+    """Q4_1 against int8 activations on the vnni path."""
     xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
         first, last = t * TILE, min(rows, (t + 1) * TILE)
-        if path == simd_int8.VNNI:
-            _q4_1_vnni_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last)
-        elif path == simd_int8.AVX2:
-            _q4_1_avx2_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last)
-        else:
-            _q4_1_portable_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_1_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                    out[b + 7, o],
+                ) = r0, r1, r2, r3, r4, r5, r6, r7
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                (r0,) = simd_int8.q4_1_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o] = r0
+        elif rest == 2:
+            for o in range(first, last):
+                r0, r1 = simd_int8.q4_1_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o] = r0, r1
+        elif rest == 3:
+            for o in range(first, last):
+                r0, r1, r2 = simd_int8.q4_1_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+        elif rest == 4:
+            for o in range(first, last):
+                r0, r1, r2, r3 = simd_int8.q4_1_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+        elif rest == 5:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4 = simd_int8.q4_1_vnni5(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        elif rest == 6:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5 = simd_int8.q4_1_vnni6(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        elif rest == 7:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_1_vnni7(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                ) = r0, r1, r2, r3, r4, r5, r6
+
+
+@njit(cache=True, parallel=True)
+def _q4_1_int8_avx2(blocks, xq, xs, out):
+    """Q4_1 against int8 activations on the avx2 path."""
+    xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_1_avx28(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                    out[b + 7, o],
+                ) = r0, r1, r2, r3, r4, r5, r6, r7
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                (r0,) = simd_int8.q4_1_avx21(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o] = r0
+        elif rest == 2:
+            for o in range(first, last):
+                r0, r1 = simd_int8.q4_1_avx22(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o] = r0, r1
+        elif rest == 3:
+            for o in range(first, last):
+                r0, r1, r2 = simd_int8.q4_1_avx23(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+        elif rest == 4:
+            for o in range(first, last):
+                r0, r1, r2, r3 = simd_int8.q4_1_avx24(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+        elif rest == 5:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4 = simd_int8.q4_1_avx25(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        elif rest == 6:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5 = simd_int8.q4_1_avx26(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        elif rest == 7:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_1_avx27(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                ) = r0, r1, r2, r3, r4, r5, r6
+
+
+@njit(cache=True, parallel=True)
+def _q4_1_int8_portable(blocks, xq, xs, out):
+    """Q4_1 against int8 activations on the portable path."""
+    xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_1_portable8(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                    out[b + 7, o],
+                ) = r0, r1, r2, r3, r4, r5, r6, r7
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                (r0,) = simd_int8.q4_1_portable1(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o] = r0
+        elif rest == 2:
+            for o in range(first, last):
+                r0, r1 = simd_int8.q4_1_portable2(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o] = r0, r1
+        elif rest == 3:
+            for o in range(first, last):
+                r0, r1, r2 = simd_int8.q4_1_portable3(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+        elif rest == 4:
+            for o in range(first, last):
+                r0, r1, r2, r3 = simd_int8.q4_1_portable4(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+        elif rest == 5:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4 = simd_int8.q4_1_portable5(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        elif rest == 6:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5 = simd_int8.q4_1_portable6(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        elif rest == 7:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_1_portable7(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                ) = r0, r1, r2, r3, r4, r5, r6
+
+
+def q4_1_matmul_int8_path(
+    blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, path: int
+) -> None:
+    """Q4_1 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
+    every path gives the same bits)."""
+    (_q4_1_int8_portable, _q4_1_int8_avx2, _q4_1_int8_vnni)[path](blocks, xq, xs, out)
 
 
 def q4_1_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
@@ -338,137 +505,219 @@ def q4_1_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np
 # ---- Q8_0
 
 
-@njit(inline="always", cache=True)
-def _q8_0_vnni_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last):
-    """Weight rows first..last-1 against every activation row: groups of 8, then 4, then 1 to 3."""
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    for b in range(0, eights, 8):
-        for o in range(first, last):
-            r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q8_0_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b)
-            (
-                out[b, o],
-                out[b + 1, o],
-                out[b + 2, o],
-                out[b + 3, o],
-                out[b + 4, o],
-                out[b + 5, o],
-                out[b + 6, o],
-                out[b + 7, o],
-            ) = r0, r1, r2, r3, r4, r5, r6, r7
-    b = eights
-    if batch - b >= 4:
-        for o in range(first, last):
-            r0, r1, r2, r3 = simd_int8.q8_0_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-        b += 4
-    rest = batch - b
-    if rest == 1:
-        for o in range(first, last):
-            (r0,) = simd_int8.q8_0_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o] = r0
-    elif rest == 2:
-        for o in range(first, last):
-            r0, r1 = simd_int8.q8_0_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o] = r0, r1
-    elif rest == 3:
-        for o in range(first, last):
-            r0, r1, r2 = simd_int8.q8_0_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
-
-
-@njit(inline="always", cache=True)
-def _q8_0_avx2_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last):
-    """Weight rows first..last-1 against every activation row: groups of 8, then 4, then 1 to 3."""
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    for b in range(0, eights, 8):
-        for o in range(first, last):
-            r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q8_0_avx28(blocks[o], xq, xu, xl, xsl, xs8, b)
-            (
-                out[b, o],
-                out[b + 1, o],
-                out[b + 2, o],
-                out[b + 3, o],
-                out[b + 4, o],
-                out[b + 5, o],
-                out[b + 6, o],
-                out[b + 7, o],
-            ) = r0, r1, r2, r3, r4, r5, r6, r7
-    b = eights
-    if batch - b >= 4:
-        for o in range(first, last):
-            r0, r1, r2, r3 = simd_int8.q8_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-        b += 4
-    rest = batch - b
-    if rest == 1:
-        for o in range(first, last):
-            (r0,) = simd_int8.q8_0_avx21(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o] = r0
-    elif rest == 2:
-        for o in range(first, last):
-            r0, r1 = simd_int8.q8_0_avx22(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o] = r0, r1
-    elif rest == 3:
-        for o in range(first, last):
-            r0, r1, r2 = simd_int8.q8_0_avx23(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
-
-
-@njit(inline="always", cache=True)
-def _q8_0_portable_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last):
-    """Weight rows first..last-1 against every activation row: groups of 8, then 4, then 1 to 3."""
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    for b in range(0, eights, 8):
-        for o in range(first, last):
-            r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q8_0_portable8(blocks[o], xq, xu, xl, xsl, xs8, b)
-            (
-                out[b, o],
-                out[b + 1, o],
-                out[b + 2, o],
-                out[b + 3, o],
-                out[b + 4, o],
-                out[b + 5, o],
-                out[b + 6, o],
-                out[b + 7, o],
-            ) = r0, r1, r2, r3, r4, r5, r6, r7
-    b = eights
-    if batch - b >= 4:
-        for o in range(first, last):
-            r0, r1, r2, r3 = simd_int8.q8_0_portable4(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-        b += 4
-    rest = batch - b
-    if rest == 1:
-        for o in range(first, last):
-            (r0,) = simd_int8.q8_0_portable1(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o] = r0
-    elif rest == 2:
-        for o in range(first, last):
-            r0, r1 = simd_int8.q8_0_portable2(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o] = r0, r1
-    elif rest == 3:
-        for o in range(first, last):
-            r0, r1, r2 = simd_int8.q8_0_portable3(blocks[o], xq, xu, xl, xsl, xs8, b)
-            out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
-
-
 @njit(cache=True, parallel=True)
-def q8_0_matmul_int8_path(blocks, xq, xs, out, path):
-    """Q8_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
-    every path gives the same bits)."""
+def _q8_0_int8_vnni(blocks, xq, xs, out):
+    """Q8_0 against int8 activations on the vnni path."""
     xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
         first, last = t * TILE, min(rows, (t + 1) * TILE)
-        if path == simd_int8.VNNI:
-            _q8_0_vnni_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last)
-        elif path == simd_int8.AVX2:
-            _q8_0_avx2_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last)
-        else:
-            _q8_0_portable_tile(blocks, xq, xu, xl, xsl, xs8, out, first, last)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q8_0_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                    out[b + 7, o],
+                ) = r0, r1, r2, r3, r4, r5, r6, r7
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                (r0,) = simd_int8.q8_0_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o] = r0
+        elif rest == 2:
+            for o in range(first, last):
+                r0, r1 = simd_int8.q8_0_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o] = r0, r1
+        elif rest == 3:
+            for o in range(first, last):
+                r0, r1, r2 = simd_int8.q8_0_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+        elif rest == 4:
+            for o in range(first, last):
+                r0, r1, r2, r3 = simd_int8.q8_0_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+        elif rest == 5:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4 = simd_int8.q8_0_vnni5(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        elif rest == 6:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5 = simd_int8.q8_0_vnni6(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        elif rest == 7:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q8_0_vnni7(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                ) = r0, r1, r2, r3, r4, r5, r6
+
+
+@njit(cache=True, parallel=True)
+def _q8_0_int8_avx2(blocks, xq, xs, out):
+    """Q8_0 against int8 activations on the avx2 path."""
+    xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q8_0_avx28(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                    out[b + 7, o],
+                ) = r0, r1, r2, r3, r4, r5, r6, r7
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                (r0,) = simd_int8.q8_0_avx21(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o] = r0
+        elif rest == 2:
+            for o in range(first, last):
+                r0, r1 = simd_int8.q8_0_avx22(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o] = r0, r1
+        elif rest == 3:
+            for o in range(first, last):
+                r0, r1, r2 = simd_int8.q8_0_avx23(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+        elif rest == 4:
+            for o in range(first, last):
+                r0, r1, r2, r3 = simd_int8.q8_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+        elif rest == 5:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4 = simd_int8.q8_0_avx25(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        elif rest == 6:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5 = simd_int8.q8_0_avx26(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        elif rest == 7:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q8_0_avx27(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                ) = r0, r1, r2, r3, r4, r5, r6
+
+
+@njit(cache=True, parallel=True)
+def _q8_0_int8_portable(blocks, xq, xs, out):
+    """Q8_0 against int8 activations on the portable path."""
+    xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q8_0_portable8(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                    out[b + 7, o],
+                ) = r0, r1, r2, r3, r4, r5, r6, r7
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                (r0,) = simd_int8.q8_0_portable1(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o] = r0
+        elif rest == 2:
+            for o in range(first, last):
+                r0, r1 = simd_int8.q8_0_portable2(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o] = r0, r1
+        elif rest == 3:
+            for o in range(first, last):
+                r0, r1, r2 = simd_int8.q8_0_portable3(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+        elif rest == 4:
+            for o in range(first, last):
+                r0, r1, r2, r3 = simd_int8.q8_0_portable4(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+        elif rest == 5:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4 = simd_int8.q8_0_portable5(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        elif rest == 6:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5 = simd_int8.q8_0_portable6(blocks[o], xq, xu, xl, xsl, xs8, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        elif rest == 7:
+            for o in range(first, last):
+                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q8_0_portable7(blocks[o], xq, xu, xl, xsl, xs8, b)
+                (
+                    out[b, o],
+                    out[b + 1, o],
+                    out[b + 2, o],
+                    out[b + 3, o],
+                    out[b + 4, o],
+                    out[b + 5, o],
+                    out[b + 6, o],
+                ) = r0, r1, r2, r3, r4, r5, r6
+
+
+def q8_0_matmul_int8_path(
+    blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, path: int
+) -> None:
+    """Q8_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
+    every path gives the same bits)."""
+    (_q8_0_int8_portable, _q8_0_int8_avx2, _q8_0_int8_vnni)[path](blocks, xq, xs, out)
 
 
 def q8_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
