@@ -12,19 +12,20 @@ few-row case that verifying drafts needs): the nibble unpack, the block scales, 
 correction that signed weights need. There Q4_0 and Q8_0 run with signed weights (q - 8, or q) against
 unsigned activations xu = xq + 128, the accumulator starting at -128 * (sum of the four weights), which
 is computed once per pair for every row; Q4_1's nibbles are unsigned already and meet xq directly. The
-activation-side numbers the float part needs (xs spread over the eight lanes of its block, the lane
-sums xl as float32) are laid out once per call by `legacy._int8_activations`, so a row costs, per pair,
-one vpdpbusd, one conversion and one multiply and fma per scale (Q4_1: two).
+activation-side numbers the float part needs (per lane of four activations: its block's scale xs, and
+for Q4_1 xs * xl, xl the lane's sum) are laid out once per call by `legacy_int8.int8_activations`, so
+a row costs, per pair, one vpdpbusd, one conversion, one multiply and one fma (Q4_1: and one more fma).
 
 Integer sums are exact, so the three paths give the same lanes and the same float results bit for bit.
-The float part is fixed: per pair acc = fma(d * xs, lanes, acc) (Q4_1 also accm = fma(m * xs, xl,
-accm)) on 16 lanes, i.e. the even blocks in lanes 0-7 and the odd ones in lanes 8-15; an odd last block
-goes to lanes 0-7 alone. Then (lanes 0-7 + lanes 8-15) (Q4_1: + the same of accm) and the eight lanes
-summed by a fixed tree. That is the order of the former one-block-at-a-time kernels (two chains taking
-alternate blocks), so the results are the same bits as theirs. Nothing depends on B or on the other
-rows of a call, so a row's result is bit-identical alone or in any batch. A path the host lacks
-compiles as portable. As for simd.py, numba's cache does not see edits here: touch legacy.py after
-changing this file.
+The float part is fixed: per pair acc = fma(d * xs, lanes, acc) (Q4_1 also accm = fma(m, xs * xl,
+accm); d * xs, m * xs and xs * xl are exact in float32, products of two halves or of a half and a
+9-bit integer, so this is the former fma(m * xs, xl, accm) to the bit) on 16 lanes, i.e. the even
+blocks in lanes 0-7 and the odd ones in lanes 8-15; an odd last block goes to lanes 0-7 alone. Then
+(lanes 0-7 + lanes 8-15) (Q4_1: + the same of accm) and the eight lanes summed by a fixed tree. That
+is the order of the former one-block-at-a-time kernels (two chains taking alternate blocks), so the
+results are the same bits as theirs. Nothing depends on B or on the other rows of a call, so a row's
+result is bit-identical alone or in any batch. A path the host lacks compiles as portable. As for
+simd.py, numba's cache does not see edits here: touch legacy_int8.py after changing this file.
 """
 
 from __future__ import annotations
@@ -386,7 +387,7 @@ def _make(kind: str, rows: int, path: int):
     typer.__name__ = f"{kind}_i8dot{rows}_{('portable', 'avx2', 'vnni')[path]}"
     typer.__doc__ = f"""(row uint8, xq int8 [B, n], xu uint8 [B, n], xl int32 [B, n // 4],
     xsl float32 [B, n // 4], xs8 float32 [B, n // 4], b0) -> the {rows} int8-activation dot products of
-    the {kind.upper()} row with rows b0.. (the activation arrays: legacy._int8_activations)."""
+    the {kind.upper()} row with rows b0.. (the activation arrays: legacy_int8.int8_activations)."""
     return intrinsic(typer)
 
 
