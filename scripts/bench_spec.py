@@ -1,6 +1,7 @@
 """Speculative decoding on the default model: decode tok/s with speculation off and on, side by side.
 
 Usage: python scripts/bench_spec.py [--profile cpu-fast] [--n-predict 256] [--json] [--spec-method ...]
+       [--cpu-kernels exact|int8|blas]
 
 Tasks (greedy, chat template):
   (a) input copying: rewrite a given ~300-token code file with one change; summarise a given passage
@@ -148,6 +149,9 @@ def main() -> None:
     parser.add_argument("--n-predict", type=int, default=256)
     parser.add_argument("--spec-method", default=None)
     parser.add_argument("--spec-num-tokens", type=int, default=None)
+    parser.add_argument(
+        "--cpu-kernels", choices=("exact", "int8", "blas"), default=None, help="default: the profile's"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="1: off, on; 2: off, on, on, off")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -157,6 +161,7 @@ def main() -> None:
         "temperature": 0.0,
         "spec_method": args.spec_method,
         "spec_num_tokens": args.spec_num_tokens,
+        "cpu_kernels": args.cpu_kernels,
     }
     settings = resolve_settings({k: v for k, v in flags.items() if v is not None})
     refuse_unimplemented(settings)
@@ -194,11 +199,15 @@ def main() -> None:
         "profile": settings.profile_name,
         "spec": spec_config(settings).__dict__ if spec_config(settings) else None,
         "n_predict": args.n_predict,
+        "cpu_kernels": settings.cpu_kernels,
     }
     if args.json:
         print(json.dumps({**header, "results": rows}, indent=2))
         return
-    print(f"profile {header['profile']}, speculation {header['spec']}, n_predict {args.n_predict}")
+    print(
+        f"profile {header['profile']}, cpu_kernels {header['cpu_kernels']}, speculation {header['spec']}, "
+        f"n_predict {args.n_predict}"
+    )
     titles = ("tokens", "off t/s", "on t/s", "ratio", "accept", "mean len")
     print(f"{'task':<16} " + " ".join(f"{t:>8}" for t in titles))
     for r in rows:

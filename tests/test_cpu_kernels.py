@@ -285,3 +285,30 @@ def test_first_run_says_it_compiles_the_kernels_and_later_runs_do_not(tmp_path, 
     assert re.search(r"compiling CPU kernels, once: \d+\.\d s", first.stderr), first.stderr
     assert "compiling" not in second.stderr, second.stderr
     assert first.stdout == second.stdout
+
+
+@pytest.mark.parametrize("type_name", INT8_TYPES)
+@pytest.mark.parametrize("cols", [32, 224])  # one block; seven (three pairs and an odd last block)
+def test_int8_odd_block_counts_and_row_groups(type_name, cols) -> None:
+    """The int8 kernels take blocks in pairs with an odd last block apart, and activation rows in
+    groups of 8, 4 and 1..3: every batch size 1..16 on every path matches the quantized reference, and
+    each row equals itself computed alone."""
+    rng = np.random.default_rng(9)
+    blocks = make_blocks(type_name, 21, cols, rng)
+    ref_weights = dequantized(type_name, blocks).astype(np.float64)
+    kernel = getattr(legacy, f"{type_name.lower()}_matmul_int8_path")
+    pool = activations(16, cols, rng)
+    xq_pool, xs_pool = quantize_activations(pool)
+    for path in (simd_int8.PORTABLE, simd_int8.AVX2, simd_int8.VNNI):
+        alone = np.empty((16, 21), np.float32)
+        for i in range(16):
+            kernel(blocks, xq_pool[i : i + 1], xs_pool[i : i + 1], alone[i : i + 1], path)
+        reference = dequantized_activations(xq_pool, xs_pool) @ ref_weights.T
+        assert relative_error(alone, reference) <= 1e-5, path
+        for batch in range(1, 17):
+            picks = rng.choice(16, size=batch, replace=False)
+            out = np.full((batch, 21), np.nan, np.float32)
+            kernel(
+                blocks, np.ascontiguousarray(xq_pool[picks]), np.ascontiguousarray(xs_pool[picks]), out, path
+            )
+            assert np.array_equal(out.view(np.uint32), alone[picks].view(np.uint32)), (path, batch)

@@ -10,7 +10,7 @@ Block layouts (little-endian, ggml-common.h):
 matmul_exact decodes each block in vector registers (simd.py) and uses it for up to 4 activation rows
 at once: the weights are read from memory once per call for all B rows. dequantize_rows uses the same
 arithmetic as gguf's numpy dequantize, so its weights are bit-identical to it.
-matmul_int8 works on integers inside a block (exact) and scales per block in float32.
+matmul_int8 (legacy_int8.py) works on integers inside a block (exact) and scales per block in float32.
 Batch invariance: threads split the output rows only (prange over rows); every out[b, o] goes through
 the same per-row arithmetic in the same order (simd.py) whether its activation row is computed alone or
 in a group of 2, 3 or 4, whatever B is and wherever row b sits.
@@ -21,17 +21,23 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import simd, simd_int8
+from . import simd
 from .bits import half_to_f32
+from .legacy_int8 import (  # noqa: F401 (INT8_PATH and the *_path kernels: the tests run every path)
+    INT8_PATH,
+    q4_0_matmul_int8,
+    q4_0_matmul_int8_path,
+    q4_1_matmul_int8,
+    q4_1_matmul_int8_path,
+    q8_0_matmul_int8,
+    q8_0_matmul_int8_path,
+)
 from .registry import QuantKernels
 
 QK = 32
 """Weights per block."""
 TILE = 16
 """Output rows per parallel work item (one scratch row allocated per item, not per row)."""
-
-INT8_PATH = simd_int8.available_paths()[-1]
-"""The int8 path the public int8 kernels use: the best this host has (VNNI > AVX2 > portable)."""
 
 _FAST = {"reassoc", "contract"}
 """The dot products: LLVM may reassociate (vector lanes) and fuse. The order it picks depends only on
@@ -45,21 +51,6 @@ def dot_f32(w, x):
     for i in range(w.shape[0]):
         acc += w[i] * x[i]
     return acc
-
-
-@njit(cache=True)
-def activation_lane_sums(xq):
-    """int32 [B, in // 4]: sums of each 4 consecutive int8 activations (the int8 kernels' corrections)."""
-    xl = np.empty((xq.shape[0], xq.shape[1] // 4), np.int32)
-    for b in range(xq.shape[0]):
-        for j in range(xq.shape[1] // 4):
-            xl[b, j] = (
-                np.int32(xq[b, 4 * j])
-                + np.int32(xq[b, 4 * j + 1])
-                + np.int32(xq[b, 4 * j + 2])
-                + np.int32(xq[b, 4 * j + 3])
-            )
-    return xl
 
 
 # ---- dequantize one row (shared by matmul_exact and dequantize_rows; no fastmath: exact gguf arithmetic)
@@ -125,7 +116,7 @@ def _q5_0_row(row, w):
 
 
 @njit(cache=True, parallel=True)
-def q4_0_matmul_exact(blocks, x, out):
+def _q4_0_exact_fours(blocks, x, out):
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_0 blocks: weights decoded in registers (simd.py),
     float32 accumulation; activation rows in groups of 4 sharing each decoded block."""
     batch = x.shape[0]
@@ -153,74 +144,48 @@ def q4_0_matmul_exact(blocks, x, out):
 
 
 @njit(cache=True, parallel=True)
+def _q4_0_exact_five(blocks, x, out):
+    """B = 4n + 1 rows, B > 1: groups of 4, the last 5 rows in one group (a verify step of 4 drafts and
+    the bonus row is one pass over the weights). Kept apart from the groups-of-4 kernel: in one
+    function, LLVM compiled the 2-row loop 1.7x slower."""
+    fours = x.shape[0] - 5
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, fours, 4):
+            for o in range(first, last):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_0_dot4(blocks[o], x, b)
+        for o in range(first, last):
+            r0, r1, r2, r3, r4 = simd.q4_0_dot5(blocks[o], x, fours)
+            out[fours, o], out[fours + 1, o], out[fours + 2, o], out[fours + 3, o], out[fours + 4, o] = (
+                r0,
+                r1,
+                r2,
+                r3,
+                r4,
+            )
+
+
+def q4_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_0 blocks: weights decoded in registers (simd.py),
+    float32 accumulation; activation rows in groups of 4 (5 for the last group when B = 4n + 1 > 1)
+    sharing each decoded block."""
+    batch = x.shape[0]
+    (_q4_0_exact_five if batch > 1 and batch % 4 == 1 else _q4_0_exact_fours)(blocks, x, out)
+
+
+@njit(cache=True, parallel=True)
 def q4_0_dequantize_rows(blocks, start, stop, out):
     """out[r - start] = row r of W as float32, exactly as gguf's dequantize."""
     for r in prange(start, stop):
         _q4_0_row(blocks[r], out[r - start])
 
 
-@njit(cache=True, parallel=True)
-def q4_0_matmul_int8_path(blocks, xq, xs, out, path):
-    """Q4_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
-    every path gives the same bits)."""
-    xl = activation_lane_sums(xq)
-    batch = xq.shape[0]
-    full = batch - batch % 4
-    rest = batch % 4
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # weight tile x 4-row group, as in matmul_exact
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        if path == simd_int8.VNNI:
-            for b in range(0, full, 4):
-                for o in range(first, last):
-                    r0, r1, r2, r3 = simd_int8.q4_0_vnni4(blocks[o], xq, xl, xs, b)
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for o in range(first, last):
-                if rest == 1:
-                    (out[full, o],) = simd_int8.q4_0_vnni1(blocks[o], xq, xl, xs, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = simd_int8.q4_0_vnni2(blocks[o], xq, xl, xs, full)
-                elif rest == 3:
-                    r0, r1, r2 = simd_int8.q4_0_vnni3(blocks[o], xq, xl, xs, full)
-                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
-        elif path == simd_int8.AVX2:
-            for b in range(0, full, 4):
-                for o in range(first, last):
-                    r0, r1, r2, r3 = simd_int8.q4_0_avx24(blocks[o], xq, xl, xs, b)
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for o in range(first, last):
-                if rest == 1:
-                    (out[full, o],) = simd_int8.q4_0_avx21(blocks[o], xq, xl, xs, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = simd_int8.q4_0_avx22(blocks[o], xq, xl, xs, full)
-                elif rest == 3:
-                    r0, r1, r2 = simd_int8.q4_0_avx23(blocks[o], xq, xl, xs, full)
-                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
-        else:
-            for b in range(0, full, 4):
-                for o in range(first, last):
-                    r0, r1, r2, r3 = simd_int8.q4_0_portable4(blocks[o], xq, xl, xs, b)
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for o in range(first, last):
-                if rest == 1:
-                    (out[full, o],) = simd_int8.q4_0_portable1(blocks[o], xq, xl, xs, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = simd_int8.q4_0_portable2(blocks[o], xq, xl, xs, full)
-                elif rest == 3:
-                    r0, r1, r2 = simd_int8.q4_0_portable3(blocks[o], xq, xl, xs, full)
-                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
-
-
-def q4_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
-    """Q4_0 weights against int8 activations (quantize_activations) through the host's best int8 path."""
-    q4_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
-
-
 # ---- Q4_1
 
 
 @njit(cache=True, parallel=True)
-def q4_1_matmul_exact(blocks, x, out):
+def _q4_1_exact_fours(blocks, x, out):
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_1 blocks: weights decoded in registers (simd.py),
     float32 accumulation; activation rows in groups of 4 sharing each decoded block."""
     batch = x.shape[0]
@@ -248,74 +213,48 @@ def q4_1_matmul_exact(blocks, x, out):
 
 
 @njit(cache=True, parallel=True)
+def _q4_1_exact_five(blocks, x, out):
+    """B = 4n + 1 rows, B > 1: groups of 4, the last 5 rows in one group (a verify step of 4 drafts and
+    the bonus row is one pass over the weights). Kept apart from the groups-of-4 kernel: in one
+    function, LLVM compiled the 2-row loop 1.7x slower."""
+    fours = x.shape[0] - 5
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, fours, 4):
+            for o in range(first, last):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_1_dot4(blocks[o], x, b)
+        for o in range(first, last):
+            r0, r1, r2, r3, r4 = simd.q4_1_dot5(blocks[o], x, fours)
+            out[fours, o], out[fours + 1, o], out[fours + 2, o], out[fours + 3, o], out[fours + 4, o] = (
+                r0,
+                r1,
+                r2,
+                r3,
+                r4,
+            )
+
+
+def q4_1_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_1 blocks: weights decoded in registers (simd.py),
+    float32 accumulation; activation rows in groups of 4 (5 for the last group when B = 4n + 1 > 1)
+    sharing each decoded block."""
+    batch = x.shape[0]
+    (_q4_1_exact_five if batch > 1 and batch % 4 == 1 else _q4_1_exact_fours)(blocks, x, out)
+
+
+@njit(cache=True, parallel=True)
 def q4_1_dequantize_rows(blocks, start, stop, out):
     """out[r - start] = row r of W as float32, exactly as gguf's dequantize."""
     for r in prange(start, stop):
         _q4_1_row(blocks[r], out[r - start])
 
 
-@njit(cache=True, parallel=True)
-def q4_1_matmul_int8_path(blocks, xq, xs, out, path):
-    """Q4_1 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
-    every path gives the same bits)."""
-    xl = activation_lane_sums(xq)
-    batch = xq.shape[0]
-    full = batch - batch % 4
-    rest = batch % 4
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # weight tile x 4-row group, as in matmul_exact
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        if path == simd_int8.VNNI:
-            for b in range(0, full, 4):
-                for o in range(first, last):
-                    r0, r1, r2, r3 = simd_int8.q4_1_vnni4(blocks[o], xq, xl, xs, b)
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for o in range(first, last):
-                if rest == 1:
-                    (out[full, o],) = simd_int8.q4_1_vnni1(blocks[o], xq, xl, xs, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = simd_int8.q4_1_vnni2(blocks[o], xq, xl, xs, full)
-                elif rest == 3:
-                    r0, r1, r2 = simd_int8.q4_1_vnni3(blocks[o], xq, xl, xs, full)
-                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
-        elif path == simd_int8.AVX2:
-            for b in range(0, full, 4):
-                for o in range(first, last):
-                    r0, r1, r2, r3 = simd_int8.q4_1_avx24(blocks[o], xq, xl, xs, b)
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for o in range(first, last):
-                if rest == 1:
-                    (out[full, o],) = simd_int8.q4_1_avx21(blocks[o], xq, xl, xs, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = simd_int8.q4_1_avx22(blocks[o], xq, xl, xs, full)
-                elif rest == 3:
-                    r0, r1, r2 = simd_int8.q4_1_avx23(blocks[o], xq, xl, xs, full)
-                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
-        else:
-            for b in range(0, full, 4):
-                for o in range(first, last):
-                    r0, r1, r2, r3 = simd_int8.q4_1_portable4(blocks[o], xq, xl, xs, b)
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for o in range(first, last):
-                if rest == 1:
-                    (out[full, o],) = simd_int8.q4_1_portable1(blocks[o], xq, xl, xs, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = simd_int8.q4_1_portable2(blocks[o], xq, xl, xs, full)
-                elif rest == 3:
-                    r0, r1, r2 = simd_int8.q4_1_portable3(blocks[o], xq, xl, xs, full)
-                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
-
-
-def q4_1_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
-    """Q4_1 weights against int8 activations (quantize_activations) through the host's best int8 path."""
-    q4_1_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
-
-
 # ---- Q8_0
 
 
 @njit(cache=True, parallel=True)
-def q8_0_matmul_exact(blocks, x, out):
+def _q8_0_exact_fours(blocks, x, out):
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q8_0 blocks: weights decoded in registers (simd.py),
     float32 accumulation; activation rows in groups of 4 sharing each decoded block."""
     batch = x.shape[0]
@@ -343,74 +282,48 @@ def q8_0_matmul_exact(blocks, x, out):
 
 
 @njit(cache=True, parallel=True)
+def _q8_0_exact_five(blocks, x, out):
+    """B = 4n + 1 rows, B > 1: groups of 4, the last 5 rows in one group (a verify step of 4 drafts and
+    the bonus row is one pass over the weights). Kept apart from the groups-of-4 kernel: in one
+    function, LLVM compiled the 2-row loop 1.7x slower."""
+    fours = x.shape[0] - 5
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, fours, 4):
+            for o in range(first, last):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q8_0_dot4(blocks[o], x, b)
+        for o in range(first, last):
+            r0, r1, r2, r3, r4 = simd.q8_0_dot5(blocks[o], x, fours)
+            out[fours, o], out[fours + 1, o], out[fours + 2, o], out[fours + 3, o], out[fours + 4, o] = (
+                r0,
+                r1,
+                r2,
+                r3,
+                r4,
+            )
+
+
+def q8_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q8_0 blocks: weights decoded in registers (simd.py),
+    float32 accumulation; activation rows in groups of 4 (5 for the last group when B = 4n + 1 > 1)
+    sharing each decoded block."""
+    batch = x.shape[0]
+    (_q8_0_exact_five if batch > 1 and batch % 4 == 1 else _q8_0_exact_fours)(blocks, x, out)
+
+
+@njit(cache=True, parallel=True)
 def q8_0_dequantize_rows(blocks, start, stop, out):
     """out[r - start] = row r of W as float32, exactly as gguf's dequantize."""
     for r in prange(start, stop):
         _q8_0_row(blocks[r], out[r - start])
 
 
-@njit(cache=True, parallel=True)
-def q8_0_matmul_int8_path(blocks, xq, xs, out, path):
-    """Q8_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
-    every path gives the same bits)."""
-    xl = activation_lane_sums(xq)
-    batch = xq.shape[0]
-    full = batch - batch % 4
-    rest = batch % 4
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # weight tile x 4-row group, as in matmul_exact
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        if path == simd_int8.VNNI:
-            for b in range(0, full, 4):
-                for o in range(first, last):
-                    r0, r1, r2, r3 = simd_int8.q8_0_vnni4(blocks[o], xq, xl, xs, b)
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for o in range(first, last):
-                if rest == 1:
-                    (out[full, o],) = simd_int8.q8_0_vnni1(blocks[o], xq, xl, xs, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = simd_int8.q8_0_vnni2(blocks[o], xq, xl, xs, full)
-                elif rest == 3:
-                    r0, r1, r2 = simd_int8.q8_0_vnni3(blocks[o], xq, xl, xs, full)
-                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
-        elif path == simd_int8.AVX2:
-            for b in range(0, full, 4):
-                for o in range(first, last):
-                    r0, r1, r2, r3 = simd_int8.q8_0_avx24(blocks[o], xq, xl, xs, b)
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for o in range(first, last):
-                if rest == 1:
-                    (out[full, o],) = simd_int8.q8_0_avx21(blocks[o], xq, xl, xs, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = simd_int8.q8_0_avx22(blocks[o], xq, xl, xs, full)
-                elif rest == 3:
-                    r0, r1, r2 = simd_int8.q8_0_avx23(blocks[o], xq, xl, xs, full)
-                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
-        else:
-            for b in range(0, full, 4):
-                for o in range(first, last):
-                    r0, r1, r2, r3 = simd_int8.q8_0_portable4(blocks[o], xq, xl, xs, b)
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
-            for o in range(first, last):
-                if rest == 1:
-                    (out[full, o],) = simd_int8.q8_0_portable1(blocks[o], xq, xl, xs, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = simd_int8.q8_0_portable2(blocks[o], xq, xl, xs, full)
-                elif rest == 3:
-                    r0, r1, r2 = simd_int8.q8_0_portable3(blocks[o], xq, xl, xs, full)
-                    out[full, o], out[full + 1, o], out[full + 2, o] = r0, r1, r2
-
-
-def q8_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
-    """Q8_0 weights against int8 activations (quantize_activations) through the host's best int8 path."""
-    q8_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
-
-
 # ---- Q5_0 (exact only: no int8 path, so `int8` mode runs it exactly)
 
 
 @njit(cache=True, parallel=True)
-def q5_0_matmul_exact(blocks, x, out):
+def _q5_0_exact_fours(blocks, x, out):
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q5_0 blocks, as q4_0_matmul_exact (same tiling and order)."""
     batch = x.shape[0]
     if batch == 1:
@@ -432,6 +345,37 @@ def q5_0_matmul_exact(blocks, x, out):
                 out[full, o], out[full + 1, o] = simd.q5_0_dot2(blocks[o], x, full)
             elif rest == 3:
                 out[full, o], out[full + 1, o], out[full + 2, o] = simd.q5_0_dot3(blocks[o], x, full)
+
+
+@njit(cache=True, parallel=True)
+def _q5_0_exact_five(blocks, x, out):
+    """B = 4n + 1 rows, B > 1: groups of 4, the last 5 rows in one group (a verify step of 4 drafts and
+    the bonus row is one pass over the weights). Kept apart from the groups-of-4 kernel: in one
+    function, LLVM compiled the 2-row loop 1.7x slower."""
+    fours = x.shape[0] - 5
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, fours, 4):
+            for o in range(first, last):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q5_0_dot4(blocks[o], x, b)
+        for o in range(first, last):
+            r0, r1, r2, r3, r4 = simd.q5_0_dot5(blocks[o], x, fours)
+            out[fours, o], out[fours + 1, o], out[fours + 2, o], out[fours + 3, o], out[fours + 4, o] = (
+                r0,
+                r1,
+                r2,
+                r3,
+                r4,
+            )
+
+
+def q5_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q5_0 blocks: weights decoded in registers (simd.py),
+    float32 accumulation; activation rows in groups of 4 (5 for the last group when B = 4n + 1 > 1)
+    sharing each decoded block."""
+    batch = x.shape[0]
+    (_q5_0_exact_five if batch > 1 and batch % 4 == 1 else _q5_0_exact_fours)(blocks, x, out)
 
 
 @njit(cache=True, parallel=True)

@@ -5,7 +5,7 @@ code directly. Each block's 16 nibble bytes are loaded as one <16 x i8>, split i
 (weights 0..15 of the block, against x[0:16]) and the high nibbles (weights 16..31, against x[16:32])
 by and/shift, widened to <16 x float> and dequantized in registers (Q4_1: fma(d, q, m); Q4_0:
 d * (q - 8); Q8_0: d * q; Q5_0: d * ((nibble | 5th bit from qh << 4) - 16)). One decoded block serves
-1 to 4 activation rows.
+1 to 5 activation rows.
 
 The reduction order is written here and is the same for every row and every call: per activation row
 four 16-lane float32 accumulators, low halves and high halves of the blocks each in two chains taking
@@ -226,8 +226,8 @@ def _make(kind: str, rows: int):
     return intrinsic(typer)
 
 
-# 1 to 4 activation rows per call: with 4 rows of 4 Q4_1 chains every accumulator stays in a register
-q4_0_dot1, q4_0_dot2, q4_0_dot3, q4_0_dot4 = (_make("q4_0", r) for r in (1, 2, 3, 4))
-q4_1_dot1, q4_1_dot2, q4_1_dot3, q4_1_dot4 = (_make("q4_1", r) for r in (1, 2, 3, 4))
-q8_0_dot1, q8_0_dot2, q8_0_dot3, q8_0_dot4 = (_make("q8_0", r) for r in (1, 2, 3, 4))
-q5_0_dot1, q5_0_dot2, q5_0_dot3, q5_0_dot4 = (_make("q5_0", r) for r in (1, 2, 3, 4))
+# 1 to 5 activation rows per call: with 5 rows of 4 Q4_1 chains every accumulator stays in a register
+q4_0_dot1, q4_0_dot2, q4_0_dot3, q4_0_dot4, q4_0_dot5 = (_make("q4_0", r) for r in (1, 2, 3, 4, 5))
+q4_1_dot1, q4_1_dot2, q4_1_dot3, q4_1_dot4, q4_1_dot5 = (_make("q4_1", r) for r in (1, 2, 3, 4, 5))
+q8_0_dot1, q8_0_dot2, q8_0_dot3, q8_0_dot4, q8_0_dot5 = (_make("q8_0", r) for r in (1, 2, 3, 4, 5))
+q5_0_dot1, q5_0_dot2, q5_0_dot3, q5_0_dot4, q5_0_dot5 = (_make("q5_0", r) for r in (1, 2, 3, 4, 5))

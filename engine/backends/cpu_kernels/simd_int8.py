@@ -1,16 +1,31 @@
 """Int8-activation row dot products on raw legacy blocks, as LLVM vector IR (numba @intrinsic).
 
-Per 32-weight block and activation row: the 32 weight bytes against the 32 int8 activations give eight
-exact int32 lane sums (lane j = bytes 4j..4j+3), computed by one of three paths:
-    vnni:     vpdpbusd (unsigned weight bytes x signed activations), AVX-512 VNNI or AVX-VNNI
-    avx2:     vpmaddubsw + vpmaddwd (Q8_0 through vpsignb, as llama.cpp does)
+Blocks are taken in pairs (64 weights): per pair and activation row, sixteen exact int32 lane sums,
+lanes 0-7 for the first block and 8-15 for the second (lane j of a block = weight bytes 4j..4j+3 times
+the activations at the same places), computed by one of three paths:
+    vnni:     vpdpbusd (unsigned bytes x signed bytes): one 512-bit instruction per pair with AVX-512
+              VNNI, two 256-bit ones with AVX-VNNI
+    avx2:     vpmaddubsw + vpmaddwd per block (Q8_0 through vpsignb, as llama.cpp does)
     portable: widen to int32, multiply, add in fours (LLVM picks the instructions)
-Unsigned weight bytes need a correction from the activation lane sums `xl` (Q4_0: q - 8 -> -8 * xl;
-Q8_0 on vnni: w + 128 -> -128 * xl). Integer sums are exact, so the three paths give the same lanes and
-the same float results bit for bit. Then, in float32 and in a fixed order: per block
-acc = fma(d * xs, lanes, acc) (Q4_1 also accm = fma(m * xs, xl, accm)), alternate blocks in two
-chains, chains added, the eight lanes summed by a fixed tree. A path the host lacks compiles as portable.
-As for simd.py, numba's cache does not see edits here: touch legacy.py after changing this file.
+Everything about the weights is done once per pair for all the activation rows of a call (the
+few-row case that verifying drafts needs): the nibble unpack, the block scales, and on vnni the
+correction that signed weights need. There Q4_0 and Q8_0 run with signed weights (q - 8, or q) against
+unsigned activations xu = xq + 128, the accumulator starting at -128 * (sum of the four weights), which
+is computed once per pair for every row; Q4_1's nibbles are unsigned already and meet xq directly. The
+activation-side numbers the float part needs (per lane of four activations: its block's scale xs, and
+for Q4_1 xs * xl, xl the lane's sum) are laid out once per call by `legacy_int8.int8_activations`, so
+a row costs, per pair, one vpdpbusd, one conversion, one multiply and one fma (Q4_1: and one more fma).
+
+Integer sums are exact, so the three paths give the same lanes and the same float results bit for bit.
+The float part is fixed: per pair acc = fma(d * xs, lanes, acc) (Q4_1 also accm = fma(m, xs * xl,
+accm); d * xs, m * xs and xs * xl are exact in float32, products of two halves or of a half and a
+9-bit integer, so this is the former fma(m * xs, xl, accm) to the bit) on 16 lanes, i.e. the even
+blocks in lanes 0-7 and the odd ones in lanes 8-15; an odd last block goes to lanes 0-7 alone. Then
+(lanes 0-7 + lanes 8-15) (Q4_1: + the same of accm) and the eight lanes summed by a fixed tree. That
+is the order of the former one-block-at-a-time kernels (two chains taking alternate blocks), so the
+results are the same bits as theirs. Nothing depends on B or on the other rows of a call, so a row's
+result is bit-identical alone or in any batch. A path the host lacks compiles as portable. As for
+simd.py, numba's cache does not see edits here: touch legacy_int8.py after changing this file.
 """
 
 from __future__ import annotations
@@ -20,23 +35,31 @@ from numba import types
 from numba.extending import intrinsic
 
 from .features import cpu_features
-from .simd import fma, load_half, load_vec, splat, sum_lanes
+from .simd import load_vec, sum_lanes
 
 PORTABLE, AVX2, VNNI = 0, 1, 2
 """int8 paths (the `path` argument of the int8 kernels)."""
+
+ROW_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8)
+"""Activation rows per intrinsic call: with 8 rows of Q4_1 (two accumulators each) every accumulator
+and the shared weight pair still fit in the 32 vector registers of AVX-512."""
 
 _I8 = ir.IntType(8)
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _F32 = ir.FloatType()
+_V2F = ir.VectorType(_F32, 2)
 _V16I8 = ir.VectorType(_I8, 16)
 _V32I8 = ir.VectorType(_I8, 32)
+_V64I8 = ir.VectorType(_I8, 64)
 _V16I16 = ir.VectorType(_I16, 16)
 _V8I32 = ir.VectorType(_I32, 8)
-_V32I32 = ir.VectorType(_I32, 32)
+_V16I32 = ir.VectorType(_I32, 16)
 _V8F = ir.VectorType(_F32, 8)
+_V16F = ir.VectorType(_F32, 16)
 
+# block bytes, offset of the quants, has a min (Q4_1), nibbles (True) or int8 (False)
 _LAYOUTS = {"q4_0": (18, 2, False, True), "q4_1": (20, 4, True, True), "q8_0": (34, 2, False, False)}
 
 
@@ -55,6 +78,21 @@ def _const(vty: ir.VectorType, value: int) -> ir.Constant:
     return ir.Constant(vty, [value] * vty.count)
 
 
+def _shuffle(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, indices: list[int]) -> ir.Value:
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(indices)), indices))
+
+
+def _concat(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """The lanes of a, then those of b (same vector type)."""
+    return _shuffle(builder, a, b, list(range(2 * a.type.count)))
+
+
+def _half(builder: ir.IRBuilder, vec: ir.Value, which: int) -> ir.Value:
+    """The low (0) or high (1) half of a vector's lanes."""
+    count = vec.type.count // 2
+    return _shuffle(builder, vec, vec, list(range(which * count, (which + 1) * count)))
+
+
 def _intrinsic_call(builder, name, ret, args):
     module = builder.module
     fn = module.globals.get(name)
@@ -63,40 +101,50 @@ def _intrinsic_call(builder, name, ret, args):
     return builder.call(fn, args)
 
 
-def _lane_sums(builder, kind: str, path: int, weights, xv, xl):
-    """Exact int32 lanes: lane j = sum over bytes 4j..4j+3 of weight * activation (true weight values)."""
-    nibbles = kind != "q8_0"
-    if path == PORTABLE:
-        if nibbles:
-            w32 = builder.zext(weights, _V32I32)
-            if kind == "q4_0":
-                w32 = builder.sub(w32, _const(_V32I32, 8))
-        else:
-            w32 = builder.sext(weights, _V32I32)
-        prod = builder.mul(w32, builder.sext(xv, _V32I32))
-        lanes = None
-        for t in range(4):
-            part = builder.shuffle_vector(
-                prod, prod, ir.Constant(ir.VectorType(_I32, 8), [4 * j + t for j in range(8)])
-            )
-            lanes = part if lanes is None else builder.add(lanes, part)
-        return lanes
-    if path == VNNI:
-        unsigned = weights if nibbles else builder.xor(weights, _const(_V32I8, 0x80))
-        lanes = _intrinsic_call(
-            builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [ir.Constant(_V8I32, None), unsigned, xv]
+def _vpdpbusd(builder: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value, wide: bool):
+    """acc + lane sums of unsigned x signed bytes; 16 lanes in one 512-bit instruction when `wide`
+    (AVX-512 VNNI), else in 256-bit halves (also AVX-VNNI). 8-lane inputs take one 256-bit call."""
+    if acc.type.count == 8:
+        return _intrinsic_call(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [acc, unsigned, signed])
+    if wide:
+        return _intrinsic_call(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [acc, unsigned, signed])
+    halves = [
+        _intrinsic_call(
+            builder,
+            "llvm.x86.avx512.vpdpbusd.256",
+            _V8I32,
+            [_half(builder, acc, h), _half(builder, unsigned, h), _half(builder, signed, h)],
         )
-        if kind == "q4_0":
-            lanes = builder.sub(lanes, builder.shl(xl, _const(_V8I32, 3)))
-        elif kind == "q8_0":
-            lanes = builder.sub(lanes, builder.shl(xl, _const(_V8I32, 7)))
-        return lanes
-    # AVX2
-    if nibbles:
-        unsigned, signed = weights, xv
+        for h in (0, 1)
+    ]
+    return _concat(builder, halves[0], halves[1])
+
+
+def _portable_lanes(builder, kind: str, weights, xv) -> ir.Value:
+    """Widen to int32, multiply, sum each four (nibbles unsigned, Q4_0 minus 8; Q8_0 signed)."""
+    lanes_count = weights.type.count // 4
+    wide = ir.VectorType(_I32, weights.type.count)
+    if kind == "q8_0":
+        w32 = builder.sext(weights, wide)
     else:
+        w32 = builder.zext(weights, wide)
+        if kind == "q4_0":
+            w32 = builder.sub(w32, _const(wide, 8))
+    prod = builder.mul(w32, builder.sext(xv, wide))
+    lanes = None
+    for t in range(4):
+        part = _shuffle(builder, prod, prod, [4 * j + t for j in range(lanes_count)])
+        lanes = part if lanes is None else builder.add(lanes, part)
+    return lanes
+
+
+def _avx2_block_lanes(builder, kind: str, weights, xv, xl) -> ir.Value:
+    """One block (32 bytes) through vpmaddubsw + vpmaddwd: 8 exact lanes."""
+    if kind == "q8_0":
         unsigned = _intrinsic_call(builder, "llvm.x86.avx2.psign.b", _V32I8, [weights, weights])
         signed = _intrinsic_call(builder, "llvm.x86.avx2.psign.b", _V32I8, [xv, weights])
+    else:
+        unsigned, signed = weights, xv
     pairs = _intrinsic_call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [unsigned, signed])
     lanes = _intrinsic_call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, _const(_V16I16, 1)])
     if kind == "q4_0":
@@ -104,106 +152,225 @@ def _lane_sums(builder, kind: str, path: int, weights, xv, xl):
     return lanes
 
 
+class _Pair:
+    """The weight side of one block pair (or of the odd last block: `count` 32 or 64 bytes), shared by
+    every activation row of a call."""
+
+    def __init__(self, builder, kind: str, path: int, wide: bool, blk, count: int):
+        block_bytes, quant_offset, has_min, nibbles = _LAYOUTS[kind]
+        blocks = count // 32
+        lanes = 8 * blocks
+        starts = [builder.gep(blk, [ir.Constant(_I64, i * block_bytes)]) for i in range(blocks)]
+        # the block scales (Q4_1: d and m, one 32-bit load per block) as halves in one vector, widened
+        # together, then spread over the eight lanes of their block
+        per_block = 2 if has_min else 1
+        bits_ty = ir.IntType(16 * per_block)
+        halves_ty = ir.VectorType(_I16, 4)
+        halves = ir.Constant(halves_ty, ir.Undefined)
+        for i, start in enumerate(starts):
+            bits = builder.load(builder.bitcast(start, bits_ty.as_pointer()), align=1)
+            for h in range(per_block):
+                part = (
+                    builder.trunc(builder.lshr(bits, ir.Constant(bits_ty, 16 * h)), _I16)
+                    if h
+                    else builder.trunc(bits, _I16)
+                )
+                halves = builder.insert_element(halves, part, ir.Constant(_I32, per_block * i + h))
+        scales = builder.fpext(
+            builder.bitcast(halves, ir.VectorType(ir.HalfType(), 4)), ir.VectorType(_F32, 4)
+        )
+        self.d = _shuffle(builder, scales, scales, [per_block * (i // 8) for i in range(lanes)])
+        self.m = None
+        if has_min:
+            self.m = _shuffle(builder, scales, scales, [per_block * (i // 8) + 1 for i in range(lanes)])
+        quants = [builder.gep(s, [ir.Constant(_I64, quant_offset)]) for s in starts]
+        if nibbles:  # per block: [low nibbles (weights 0..15), high nibbles (weights 16..31)]
+            q = [load_vec(builder, p, _V16I8) for p in quants]
+            q = q[0] if blocks == 1 else _concat(builder, q[0], q[1])
+            qty = q.type
+            lo = builder.and_(q, _const(qty, 15))
+            hi = builder.lshr(q, _const(qty, 4))
+            order = [
+                i
+                for b in range(blocks)
+                for i in (*range(16 * b, 16 * b + 16), *range(qty.count + 16 * b, qty.count + 16 * b + 16))
+            ]
+            weights = _shuffle(builder, lo, hi, order)
+        else:
+            q = [load_vec(builder, p, _V32I8) for p in quants]
+            weights = q[0] if blocks == 1 else _concat(builder, q[0], q[1])
+        self.weights = weights
+        self.init = None
+        self.vnni_signed = path == VNNI and kind in ("q4_0", "q8_0")
+        if self.vnni_signed:  # signed weights against xq + 128: start from -128 * (sum of each four)
+            if kind == "q4_0":
+                self.weights = builder.sub(weights, _const(weights.type, 8))
+            ity = ir.VectorType(_I32, lanes)
+            sums = _vpdpbusd(builder, ir.Constant(ity, None), _const(weights.type, 1), self.weights, wide)
+            self.init = builder.sub(ir.Constant(ity, None), builder.shl(sums, _const(ity, 7)))
+
+
+def _row_lanes(builder, kind: str, path: int, wide: bool, pair: _Pair, act, xl) -> ir.Value:
+    """Exact int32 lanes of one activation row against the pair: 8 per block."""
+    if pair.vnni_signed:
+        return _vpdpbusd(builder, pair.init, act, pair.weights, wide)
+    if path == VNNI:  # Q4_1: unsigned nibbles against xq
+        ity = ir.VectorType(_I32, pair.weights.type.count // 4)
+        return _vpdpbusd(builder, ir.Constant(ity, None), pair.weights, act, wide)
+    if path == PORTABLE:
+        return _portable_lanes(builder, kind, pair.weights, act)
+    if pair.weights.type.count == 32:
+        return _avx2_block_lanes(builder, kind, pair.weights, act, xl)
+    parts = [
+        _avx2_block_lanes(
+            builder,
+            kind,
+            _half(builder, pair.weights, h),
+            _half(builder, act, h),
+            None if xl is None else _half(builder, xl, h),
+        )
+        for h in (0, 1)
+    ]
+    return _concat(builder, parts[0], parts[1])
+
+
 def _codegen(kind: str, rows: int, path: int):
-    block_bytes, quant_offset, has_min, nibbles = _LAYOUTS[kind]
+    block_bytes, _, has_min, _ = _LAYOUTS[kind]
     if path not in available_paths():
         path = PORTABLE
+    wide = path == VNNI and cpu_features().avx512_vnni
+    vnni_signed = path == VNNI and kind in ("q4_0", "q8_0")
 
     def codegen(context, builder, signature, args):
-        row_ty, xq_ty, xl_ty, xs_ty = signature.args[:4]
-        row = context.make_array(row_ty)(context, builder, args[0])
-        xqa = context.make_array(xq_ty)(context, builder, args[1])
-        xla = context.make_array(xl_ty)(context, builder, args[2])
-        xsa = context.make_array(xs_ty)(context, builder, args[3])
-        b0 = args[4]
+        arrays = [
+            context.make_array(t)(context, builder, a)
+            for t, a in zip(signature.args[:6], args[:6], strict=True)
+        ]
+        row, xqa, xua, xla, xsla, xsa = arrays
+        b0 = args[6]
         row_ptr = builder.bitcast(row.data, _I8.as_pointer())
         n = builder.extract_value(xqa.shape, 1)
         n_blocks = builder.udiv(n, ir.Constant(_I64, 32))
-        xq_rows, xl_rows, xs_rows = [], [], []
+        n_lanes = builder.mul(n_blocks, ir.Constant(_I64, 8))
+        act_src = xua if vnni_signed else xqa
+        acts, xls, xsls, xss = [], [], [], []
         for r in range(rows):
             b = builder.add(b0, ir.Constant(_I64, r))
-            xq_rows.append(builder.gep(builder.bitcast(xqa.data, _I8.as_pointer()), [builder.mul(b, n)]))
-            xl_rows.append(
-                builder.gep(
-                    builder.bitcast(xla.data, _I32.as_pointer()),
-                    [builder.mul(b, builder.mul(n_blocks, ir.Constant(_I64, 8)))],
-                )
-            )
-            xs_rows.append(
-                builder.gep(builder.bitcast(xsa.data, _F32.as_pointer()), [builder.mul(b, n_blocks)])
-            )
-        zero = ir.Constant(_V8F, None)
-        chains = 4 if has_min else 2
+            acts.append(builder.gep(builder.bitcast(act_src.data, _I8.as_pointer()), [builder.mul(b, n)]))
+            lane0 = builder.mul(b, n_lanes)
+            xls.append(builder.gep(builder.bitcast(xla.data, _I32.as_pointer()), [lane0]))
+            xsls.append(builder.gep(builder.bitcast(xsla.data, _F32.as_pointer()), [lane0]))
+            xss.append(builder.gep(builder.bitcast(xsa.data, _F32.as_pointer()), [lane0]))
+        chains = 2 if has_min else 1  # 16-lane accumulators per row: d-part, and Q4_1's m-part
 
+        def step(pair: _Pair, k, accs, count: int):
+            """New accumulators of every row after the pair starting at block k (count bytes)."""
+            lanes = count // 4
+            vty = _V16F if lanes == 16 else _V8F
+            ity = ir.VectorType(_I32, lanes)
+            byte0 = builder.mul(k, ir.Constant(_I64, 32))
+            lane0 = builder.mul(k, ir.Constant(_I64, 8))
+            new = []
+            for r in range(rows):
+                act = load_vec(builder, builder.gep(acts[r], [byte0]), ir.VectorType(_I8, count))
+                xl = None
+                if path == AVX2 and kind == "q4_0":
+                    xl = load_vec(builder, builder.gep(xls[r], [lane0]), ity)
+                isum = _row_lanes(builder, kind, path, wide, pair, act, xl)
+                xs = load_vec(builder, builder.gep(xss[r], [lane0]), vty)
+                row_new = [_fma(builder, builder.fmul(pair.d, xs), builder.sitofp(isum, vty), accs[r][0])]
+                if has_min:
+                    xsl = load_vec(builder, builder.gep(xsls[r], [lane0]), vty)
+                    row_new.append(_fma(builder, pair.m, xsl, accs[r][1]))
+                new.append(row_new)
+            return new
+
+        zero = ir.Constant(_V16F, None)
         entry = builder.block
-        loop = builder.append_basic_block("blocks")
+        loop = builder.append_basic_block("pairs")
+        after = builder.append_basic_block("after_pairs")
+        tail = builder.append_basic_block("odd_block")
         done = builder.append_basic_block("reduce")
-        builder.cbranch(builder.icmp_unsigned(">", n_blocks, ir.Constant(_I64, 0)), loop, done)
+        n_pairs = builder.lshr(n_blocks, ir.Constant(_I64, 1))
+        builder.cbranch(builder.icmp_unsigned(">", n_pairs, ir.Constant(_I64, 0)), loop, after)
+
         builder.position_at_end(loop)
-        k = builder.phi(_I64)
-        accs = [[builder.phi(_V8F) for _ in range(chains)] for _ in range(rows)]
+        p = builder.phi(_I64)
+        accs = [[builder.phi(_V16F) for _ in range(chains)] for _ in range(rows)]
+        k = builder.shl(p, ir.Constant(_I64, 1))
         blk = builder.gep(row_ptr, [builder.mul(k, ir.Constant(_I64, block_bytes))])
-        d = load_half(builder, blk)
-        m = load_half(builder, builder.gep(blk, [ir.Constant(_I64, 2)])) if has_min else None
-        qp = builder.gep(blk, [ir.Constant(_I64, quant_offset)])
-        if nibbles:
-            q = load_vec(builder, qp, _V16I8)
-            lo = builder.and_(q, _const(_V16I8, 15))
-            hi = builder.lshr(q, _const(_V16I8, 4))
-            weights = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
-        else:
-            weights = load_vec(builder, qp, _V32I8)
-        new_accs = []
-        for r in range(rows):
-            xv = load_vec(builder, builder.gep(xq_rows[r], [builder.mul(k, ir.Constant(_I64, 32))]), _V32I8)
-            xl = load_vec(builder, builder.gep(xl_rows[r], [builder.mul(k, ir.Constant(_I64, 8))]), _V8I32)
-            xs = builder.load(builder.gep(xs_rows[r], [k]))
-            lanes = _lane_sums(builder, kind, path, weights, xv, xl)
-            new = [
-                fma(builder, splat(builder, builder.fmul(d, xs), 8), builder.sitofp(lanes, _V8F), accs[r][0])
-            ]
-            if has_min:
-                new.append(
-                    fma(builder, splat(builder, builder.fmul(m, xs), 8), builder.sitofp(xl, _V8F), accs[r][2])
-                )
-            new_accs.append(new)
-        k_next = builder.add(k, ir.Constant(_I64, 1))
+        new = step(_Pair(builder, kind, path, wide, blk, 64), k, accs, 64)
+        p_next = builder.add(p, ir.Constant(_I64, 1))
         loop_end = builder.block
-        builder.cbranch(builder.icmp_unsigned("<", k_next, n_blocks), loop, done)
-        k.add_incoming(ir.Constant(_I64, 0), entry)
-        k.add_incoming(k_next, loop_end)
+        builder.cbranch(builder.icmp_unsigned("<", p_next, n_pairs), loop, after)
+        p.add_incoming(ir.Constant(_I64, 0), entry)
+        p.add_incoming(p_next, loop_end)
         for r in range(rows):
-            for pair in range(chains // 2):  # rotate: (first, second) <- (second, new)
-                first, second = accs[r][2 * pair], accs[r][2 * pair + 1]
-                for phi in (first, second):
-                    phi.add_incoming(zero, entry)
-                first.add_incoming(second, loop_end)
-                second.add_incoming(new_accs[r][pair], loop_end)
+            for c in range(chains):
+                accs[r][c].add_incoming(zero, entry)
+                accs[r][c].add_incoming(new[r][c], loop_end)
+
+        builder.position_at_end(after)
+        paired = []
+        for r in range(rows):
+            row_phis = []
+            for c in range(chains):
+                phi = builder.phi(_V16F)
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(new[r][c], loop_end)
+                row_phis.append(phi)
+            paired.append(row_phis)
+        odd = builder.trunc(builder.and_(n_blocks, ir.Constant(_I64, 1)), ir.IntType(1))
+        builder.cbranch(odd, tail, done)
+
+        builder.position_at_end(tail)  # the odd last block: lanes 0-7 (the even blocks' chain)
+        k_last = builder.sub(n_blocks, ir.Constant(_I64, 1))
+        blk = builder.gep(row_ptr, [builder.mul(k_last, ir.Constant(_I64, block_bytes))])
+        low = [[_half(builder, acc, 0) for acc in row_phis] for row_phis in paired]
+        tail_new = step(_Pair(builder, kind, path, wide, blk, 32), k_last, low, 32)
+        merged = [
+            [
+                _shuffle(builder, _concat(builder, v, v), acc, [*range(8), *range(24, 32)])
+                for v, acc in zip(row_new, row_phis, strict=True)
+            ]
+            for row_new, row_phis in zip(tail_new, paired, strict=True)
+        ]
+        tail_end = builder.block
+        builder.branch(done)
 
         builder.position_at_end(done)
         finals = []
         for r in range(rows):
             row_finals = []
-            for pair in range(chains // 2):
-                for value in (accs[r][2 * pair + 1], new_accs[r][pair]):
-                    phi = builder.phi(_V8F)
-                    phi.add_incoming(zero, entry)
-                    phi.add_incoming(value, loop_end)
-                    row_finals.append(phi)
+            for c in range(chains):
+                phi = builder.phi(_V16F)
+                phi.add_incoming(paired[r][c], after)
+                phi.add_incoming(merged[r][c], tail_end)
+                row_finals.append(phi)
             finals.append(row_finals)
         results = []
         for row_finals in finals:
-            total = builder.fadd(row_finals[0], row_finals[1])
-            if has_min:
-                total = builder.fadd(total, builder.fadd(row_finals[2], row_finals[3]))
+            halves = [builder.fadd(_half(builder, acc, 0), _half(builder, acc, 1)) for acc in row_finals]
+            total = halves[0] if len(halves) == 1 else builder.fadd(halves[0], halves[1])
             results.append(sum_lanes(builder, total))
         return context.make_tuple(builder, signature.return_type, results)
 
     return codegen
 
 
-def _check(row, xq, xl, xs, b0) -> bool:
-    arrays = ((row, types.uint8, 1), (xq, types.int8, 2), (xl, types.int32, 2), (xs, types.float32, 2))
+def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    return _intrinsic_call(builder, f"llvm.fma.v{a.type.count}f32", a.type, [a, b, c])
+
+
+def _check(row, xq, xu, xl, xsl, xs8, b0) -> bool:
+    arrays = (
+        (row, types.uint8, 1),
+        (xq, types.int8, 2),
+        (xu, types.uint8, 2),
+        (xl, types.int32, 2),
+        (xsl, types.float32, 2),
+        (xs8, types.float32, 2),
+    )
     return isinstance(b0, types.Integer) and all(
         isinstance(a, types.Array) and a.dtype == dtype and a.ndim == ndim and a.layout == "C"
         for a, dtype, ndim in arrays
@@ -211,31 +378,65 @@ def _check(row, xq, xl, xs, b0) -> bool:
 
 
 def _make(kind: str, rows: int, path: int):
-    def typer(typingctx, row, xq, xl, xs, b0):
-        if not _check(row, xq, xl, xs, b0):
+    def typer(typingctx, row, xq, xu, xl, xsl, xs8, b0):
+        if not _check(row, xq, xu, xl, xsl, xs8, b0):
             return None
-        sig = types.UniTuple(types.float32, rows)(row, xq, xl, xs, types.int64)
+        sig = types.UniTuple(types.float32, rows)(row, xq, xu, xl, xsl, xs8, types.int64)
         return sig, _codegen(kind, rows, path)
 
     typer.__name__ = f"{kind}_i8dot{rows}_{('portable', 'avx2', 'vnni')[path]}"
-    typer.__doc__ = f"""(row uint8, xq int8 [B, n], xl int32 [B, n // 4], xs float32 [B, n // 32], b0) -> the
-    {rows} int8-activation dot products of the {kind.upper()} row with rows b0.. of xq."""
+    typer.__doc__ = f"""(row uint8, xq int8 [B, n], xu uint8 [B, n], xl int32 [B, n // 4],
+    xsl float32 [B, n // 4], xs8 float32 [B, n // 4], b0) -> the {rows} int8-activation dot products of
+    the {kind.upper()} row with rows b0.. (the activation arrays: legacy_int8.int8_activations)."""
     return intrinsic(typer)
 
 
-# module-level names (numba resolves intrinsics as globals): <type>_<path><rows>, 1 to 4 rows
-q4_0_portable1, q4_0_portable2, q4_0_portable3, q4_0_portable4 = (
-    _make("q4_0", r, PORTABLE) for r in (1, 2, 3, 4)
+# module-level names (numba resolves intrinsics as globals): <type>_<path><rows>, 1 to 8 rows
+(
+    q4_0_portable1,
+    q4_0_portable2,
+    q4_0_portable3,
+    q4_0_portable4,
+    q4_0_portable5,
+    q4_0_portable6,
+    q4_0_portable7,
+    q4_0_portable8,
+) = (_make("q4_0", r, PORTABLE) for r in ROW_COUNTS)
+q4_0_avx21, q4_0_avx22, q4_0_avx23, q4_0_avx24, q4_0_avx25, q4_0_avx26, q4_0_avx27, q4_0_avx28 = (
+    _make("q4_0", r, AVX2) for r in ROW_COUNTS
 )
-q4_0_avx21, q4_0_avx22, q4_0_avx23, q4_0_avx24 = (_make("q4_0", r, AVX2) for r in (1, 2, 3, 4))
-q4_0_vnni1, q4_0_vnni2, q4_0_vnni3, q4_0_vnni4 = (_make("q4_0", r, VNNI) for r in (1, 2, 3, 4))
-q4_1_portable1, q4_1_portable2, q4_1_portable3, q4_1_portable4 = (
-    _make("q4_1", r, PORTABLE) for r in (1, 2, 3, 4)
+q4_0_vnni1, q4_0_vnni2, q4_0_vnni3, q4_0_vnni4, q4_0_vnni5, q4_0_vnni6, q4_0_vnni7, q4_0_vnni8 = (
+    _make("q4_0", r, VNNI) for r in ROW_COUNTS
 )
-q4_1_avx21, q4_1_avx22, q4_1_avx23, q4_1_avx24 = (_make("q4_1", r, AVX2) for r in (1, 2, 3, 4))
-q4_1_vnni1, q4_1_vnni2, q4_1_vnni3, q4_1_vnni4 = (_make("q4_1", r, VNNI) for r in (1, 2, 3, 4))
-q8_0_portable1, q8_0_portable2, q8_0_portable3, q8_0_portable4 = (
-    _make("q8_0", r, PORTABLE) for r in (1, 2, 3, 4)
+(
+    q4_1_portable1,
+    q4_1_portable2,
+    q4_1_portable3,
+    q4_1_portable4,
+    q4_1_portable5,
+    q4_1_portable6,
+    q4_1_portable7,
+    q4_1_portable8,
+) = (_make("q4_1", r, PORTABLE) for r in ROW_COUNTS)
+q4_1_avx21, q4_1_avx22, q4_1_avx23, q4_1_avx24, q4_1_avx25, q4_1_avx26, q4_1_avx27, q4_1_avx28 = (
+    _make("q4_1", r, AVX2) for r in ROW_COUNTS
 )
-q8_0_avx21, q8_0_avx22, q8_0_avx23, q8_0_avx24 = (_make("q8_0", r, AVX2) for r in (1, 2, 3, 4))
-q8_0_vnni1, q8_0_vnni2, q8_0_vnni3, q8_0_vnni4 = (_make("q8_0", r, VNNI) for r in (1, 2, 3, 4))
+q4_1_vnni1, q4_1_vnni2, q4_1_vnni3, q4_1_vnni4, q4_1_vnni5, q4_1_vnni6, q4_1_vnni7, q4_1_vnni8 = (
+    _make("q4_1", r, VNNI) for r in ROW_COUNTS
+)
+(
+    q8_0_portable1,
+    q8_0_portable2,
+    q8_0_portable3,
+    q8_0_portable4,
+    q8_0_portable5,
+    q8_0_portable6,
+    q8_0_portable7,
+    q8_0_portable8,
+) = (_make("q8_0", r, PORTABLE) for r in ROW_COUNTS)
+q8_0_avx21, q8_0_avx22, q8_0_avx23, q8_0_avx24, q8_0_avx25, q8_0_avx26, q8_0_avx27, q8_0_avx28 = (
+    _make("q8_0", r, AVX2) for r in ROW_COUNTS
+)
+q8_0_vnni1, q8_0_vnni2, q8_0_vnni3, q8_0_vnni4, q8_0_vnni5, q8_0_vnni6, q8_0_vnni7, q8_0_vnni8 = (
+    _make("q8_0", r, VNNI) for r in ROW_COUNTS
+)
