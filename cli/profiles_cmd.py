@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Optional
 
 import typer
@@ -105,6 +106,8 @@ def show_profile(
         )
     Console().print(Text(backend_line))
     Console().print(Text(f"sampling: {sampled_where}"))
+    if choice.selected == "cpu":
+        Console().print(Text(threads_line(settings)))
 
 
 def sampling_place(backend: str, settings: Settings) -> str:
@@ -119,6 +122,17 @@ def sampling_place(backend: str, settings: Settings) -> str:
     if in_envelope(settings.sampling, 2 * POOL_LIMIT + 1):
         return "device (the sampler settings are inside the envelope; greedy or constrained requests: host)"
     return "host (the sampler settings are outside the device envelope: greedy, penalties, logprobs, ...)"
+
+
+def threads_line(settings: Settings) -> str:
+    """How many threads the cpu backend's matmuls would run on: a count the user fixed, or (threads 0
+    with the kernels) every core while they are free, fewer while other processes keep some busy."""
+    cores = os.cpu_count() or 1
+    if settings.threads:
+        return f"threads: {settings.threads} (fixed)"
+    if settings.cpu_kernels == "blas":
+        return f"threads: {cores} (all cores)"
+    return f"threads: up to {cores}, one fewer per core other processes keep busy (-t N fixes it)"
 
 
 def _settings_table(settings: Settings) -> Table:

@@ -186,6 +186,7 @@ def open_engine(
         fail(str(exc))
     choice = choose_backend(settings)
     thread_setup: Callable[[], None] | None = None
+    adaptive = False
     notice = fallback_notice(choice)
     if notice:
         print(notice, file=sys.stderr, flush=True)
@@ -198,6 +199,7 @@ def open_engine(
         if settings.threads:
             thread_setup = functools.partial(kernel_threads, settings.threads)
             thread_setup()  # for steps run in this thread
+        adaptive = not settings.threads  # threads 0: the engine follows the load, step by step
     elif settings.threads:
         threadpool_limits(limits=settings.threads, user_api="blas")
     path = resolve_model_path(settings.model)
@@ -206,7 +208,7 @@ def open_engine(
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
     # numba keeps its thread count per thread: the engine's step thread must set it too.
-    config = replace(config, thread_setup=thread_setup)
+    config = replace(config, thread_setup=thread_setup, adaptive_threads=adaptive)
     _keep_stdout_clean()
     name = path.stem if path.suffix == ".gguf" else path.name
     kernels = settings.cpu_kernels != "blas" and choice.selected == "cpu"

@@ -176,7 +176,8 @@ class ProfileFile(_Section):
         0,
         ge=0,
         description="CPU threads for the matmuls (the numba kernels, or BLAS with cpu_kernels blas); "
-        "0 = all cores.",
+        "0 = all cores (with the numba kernels: one fewer per core other processes keep busy, "
+        "re-checked as the load changes).",
     )
     cpu_kernels: CpuKernels = Field(
         "exact",

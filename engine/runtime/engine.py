@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infer.engine.backends.cpu_threads import KernelThreads
 from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.grammar import Constraint, GrammarError, GrammarViolationError, GrammarVocabulary
 from infer.engine.models.base import Model
@@ -78,6 +79,9 @@ class EngineConfig:
     thread_setup: Callable[[], None] | None = None
     """Called first in the background step thread (`start`): thread-local settings of the kernels'
     libraries, such as numba's thread count, must be made in the thread that runs the steps."""
+    adaptive_threads: bool = False
+    """Set the cpu kernels' thread count before each step from the cores other processes keep busy
+    (backends/cpu_threads.py); False leaves numba's count alone (a count the user fixed)."""
 
 
 class Engine:
@@ -139,6 +143,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._done_listeners: list[Callable[[DoneEvent], None]] = []
+        self.kernel_threads = KernelThreads.for_this_machine() if config.adaptive_threads else None
+        """The cpu kernels' thread count, adapted to the load before each step (None: left alone)."""
 
     def warm_up(self) -> None:
         """Run one throwaway decode row (token 0 at position 0 of a free KV slot), so that whatever a
@@ -284,6 +290,8 @@ class Engine:
             if skip_if is not None and skip_if():
                 return True
             self._admit_and_reap()
+            if self.kernel_threads is not None:
+                self.kernel_threads.before_step()
             self._propose_drafts()
             work = self.scheduler.schedule()
             if not work:
