@@ -3,6 +3,7 @@ decisions on synthetic CPU samples, a count the user fixes wins, and no count ch
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from infer.engine.backends.cpu_threads import (
     parse_proc_stat,
     read_cpu_sample,
     threads_for,
+    usable_cpus,
 )
 from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.loader import load_checkpoint
@@ -85,11 +87,14 @@ def test_a_window_closes_only_after_the_interval() -> None:
     assert control.observe(CpuSample(10.0, 0.0, 9.0)) == 2 and control.others is None
 
 
-def test_nice_time_counts_only_for_a_niced_process() -> None:
-    line = "cpu  1000 500 200 9000 40 10 20 30 0 0"
-    ticks = 1000 + 200 + 10 + 20 + 30
-    assert parse_proc_stat(line, count_nice=False) * 100 == pytest.approx(ticks)
-    assert parse_proc_stat(line, count_nice=True) * 100 == pytest.approx(ticks + 500)
+def test_busy_time_of_the_usable_cores_nice_only_for_a_niced_process() -> None:
+    text = "cpu  1100 500 200 9000 40 10 20 30 0 0\ncpu0 1000 500 150 4000 0 10 20 30 0 0\n"
+    text += "cpu1 100 0 50 5000 40 0 0 0 0 0\nintr 5 1 2\ncpu7 99999 0 0 0\n"
+    hz = os.sysconf("SC_CLK_TCK")
+    assert parse_proc_stat(text) * hz == pytest.approx(1100 + 200 + 10 + 20 + 30)
+    assert parse_proc_stat(text, count_nice=True) * hz == pytest.approx(1360 + 500)
+    assert parse_proc_stat(text, frozenset({1})) * hz == pytest.approx(150)
+    assert parse_proc_stat(text, frozenset({0, 1}), count_nice=True) * hz == pytest.approx(1860)
 
 
 def test_kernel_threads_reads_once_per_window_and_applies_every_step() -> None:
@@ -128,6 +133,9 @@ def test_this_machine_is_measurable() -> None:
     if sample is None:
         pytest.skip("no /proc/stat here")
     assert sample.busy > 0 and sample.own > 0
+    cpus = usable_cpus()
+    if cpus is not None:
+        assert 0 < read_cpu_sample(cpus).busy <= read_cpu_sample().busy + 0.1
 
 
 def test_a_fixed_thread_count_disables_the_adaptation(tiny_gguf: Path) -> None:
@@ -138,7 +146,9 @@ def test_a_fixed_thread_count_disables_the_adaptation(tiny_gguf: Path) -> None:
     assert fixed.kernel_threads is None and not fixed.config.adaptive_threads
     adaptive = open_engine(resolve_or_fail({"model": str(tiny_gguf)}, env={}))
     assert adaptive.kernel_threads is not None
-    assert adaptive.kernel_threads.controller.cores == numba.config.NUMBA_NUM_THREADS
+    cpus = usable_cpus()
+    cores = numba.config.NUMBA_NUM_THREADS if cpus is None else min(len(cpus), numba.config.NUMBA_NUM_THREADS)
+    assert adaptive.kernel_threads.controller.cores == cores
     blas = open_engine(resolve_or_fail({"model": str(tiny_gguf), "cpu_kernels": "blas"}, env={}))
     assert blas.kernel_threads is None  # the count applies to the numba kernels only
 

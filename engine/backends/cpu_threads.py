@@ -20,6 +20,7 @@ no bit of any result (tests/test_cpu_threads.py checks a forward at 1 and at eve
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -39,25 +40,41 @@ class CpuSample:
     busy: float
 
 
-def parse_proc_stat(first_line: str, *, count_nice: bool) -> float:
-    """Seconds all cores were busy, from /proc/stat's first ("cpu ...") line: user, system, irq,
-    softirq and steal time (a hypervisor taking the core is contention too), plus nice time only when
-    `count_nice`."""
-    fields = [int(value) for value in first_line.split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    busy = user + system + irq + softirq + steal + (nice if count_nice else 0)
-    return busy / _CLOCK_TICKS
+def parse_proc_stat(text: str, cpus: frozenset[int] | None = None, *, count_nice: bool = False) -> float:
+    """Seconds the cores `cpus` (every core, from the total line, when None) were busy, from /proc/stat:
+    user, system, irq, softirq and steal time (a hypervisor taking the core is contention too), plus
+    nice time only when `count_nice`. Only the cores this process may run on matter: in a container
+    limited to some of the host's cores the total line counts every host process."""
+    ticks = 0
+    for line in text.splitlines():
+        if not line.startswith("cpu"):
+            break  # the per-core lines come first
+        name, *values = line.split()
+        if (name != "cpu") if cpus is None else (name == "cpu" or int(name[3:]) not in cpus):
+            continue
+        user, nice, system, _idle, _iowait, irq, softirq, steal = ([int(v) for v in values[:8]] + [0] * 8)[:8]
+        ticks += user + system + irq + softirq + steal + (nice if count_nice else 0)
+    return ticks / _CLOCK_TICKS
 
 
-def read_cpu_sample() -> CpuSample | None:
-    """A CpuSample now, or None where there is no /proc/stat (not Linux)."""
+def read_cpu_sample(cpus: frozenset[int] | None = None) -> CpuSample | None:
+    """A CpuSample now (busy time of the cores `cpus`, all when None), or None where there is no
+    /proc/stat (not Linux)."""
     try:
         with open("/proc/stat", encoding="ascii") as stat:
-            line = stat.readline()
+            text = stat.read()
     except OSError:
         return None
     niced = hasattr(os, "getpriority") and os.getpriority(os.PRIO_PROCESS, 0) > 0
-    return CpuSample(time.perf_counter(), time.process_time(), parse_proc_stat(line, count_nice=niced))
+    busy = parse_proc_stat(text, cpus, count_nice=niced)
+    return CpuSample(time.perf_counter(), time.process_time(), busy)
+
+
+def usable_cpus() -> frozenset[int] | None:
+    """The cores this process may run on (None where the OS does not say)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return frozenset(os.sched_getaffinity(0))
 
 
 @dataclass(frozen=True)
@@ -138,10 +155,17 @@ class KernelThreads:
 
     @classmethod
     def for_this_machine(cls, policy: LoadPolicy | None = None) -> KernelThreads:
-        """A controller over numba's thread pool (every core it was started with), window opened now."""
+        """A controller over numba's thread pool, at most one thread per core this process may run on,
+        measuring the load on those cores; its first window opens now."""
         import numba
 
-        threads = cls(AdaptiveThreads(numba.config.NUMBA_NUM_THREADS, policy or LoadPolicy()))
+        cpus = usable_cpus()
+        cores = (
+            numba.config.NUMBA_NUM_THREADS if cpus is None else min(numba.config.NUMBA_NUM_THREADS, len(cpus))
+        )
+        threads = cls(
+            AdaptiveThreads(cores, policy or LoadPolicy()), read=functools.partial(read_cpu_sample, cpus)
+        )
         threads.before_step()
         return threads
 
