@@ -7,6 +7,7 @@ import math
 import mmap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import ClassVar
 
 import numpy as np
@@ -113,13 +114,23 @@ class CpuBackend:
         self.dtype = dtype
         self.kernel_mode = kernels
         """exact, int8 or blas (see KERNEL_MODES)."""
+        self._rowops: ModuleType | None = None
+        """The numba row ops (cpu_kernels/rowops.py) in the kernel modes; None with `blas`, which
+        imports no numba and keeps the numpy formulas."""
         if kernels == "blas":
             kernel_table = {}
-        elif kernel_table is None:
-            from infer.engine.backends.cpu_kernels import KERNELS
+        else:
+            from infer.engine.backends.cpu_kernels import attention, rowops
 
-            kernel_table = KERNELS
+            self._rowops = rowops
+            self._row_attention = attention.window_row_attention
+            if kernel_table is None:
+                from infer.engine.backends.cpu_kernels import KERNELS
+
+                kernel_table = KERNELS
         self._kernels: Mapping[str, QuantKernels] = kernel_table
+        self._ones: dict[int, np.ndarray] = {}
+        """float32 ones per width: the RMSNorm kernel's weight when a norm has none (x * 1 == x)."""
 
     @property
     def block_formats(self) -> frozenset[str]:
@@ -278,7 +289,20 @@ class CpuBackend:
         return out
 
     def rms_norm(self, x: np.ndarray, weight: DenseWeight | None, eps: float) -> np.ndarray:
-        """x / sqrt(mean(x^2) + eps) (* weight), in float32 as Hugging Face computes it."""
+        """x / sqrt(mean(x^2) + eps) (* weight), in float32 as Hugging Face computes it (one kernel
+        call in the kernel modes, the same bits as the numpy formula)."""
+        if self._rowops is not None:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            width = x.shape[-1]
+            if weight is None:
+                scale = self._ones.get(width)
+                if scale is None:
+                    scale = self._ones.setdefault(width, np.ones(width, dtype=np.float32))
+            else:
+                scale = weight.data
+            out = np.empty_like(x)
+            self._rowops.rms_norm_rows(x, scale, np.float32(eps), out)
+            return out
         mean_square = np.einsum("ij,ij->i", x, x) / np.float32(x.shape[-1])
         scale = 1.0 / np.sqrt(mean_square + np.float32(eps))
         out = x * scale[:, None]
@@ -287,7 +311,12 @@ class CpuBackend:
         return out
 
     def rope(self, x: np.ndarray, rotations: np.ndarray) -> np.ndarray:
-        """Rotate adjacent pairs of every head as complex numbers: one multiply instead of six ops."""
+        """Rotate adjacent pairs of every head as complex numbers: one multiply instead of six ops
+        (in the kernel modes one kernel call, in place on a contiguous x, with the same bits)."""
+        if self._rowops is not None:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            self._rowops.rope_rows(x, rotations)
+            return x
         pairs = np.ascontiguousarray(x).view(np.complex64)
         pairs *= rotations[:, None, :]
         return pairs.view(np.float32)
@@ -362,6 +391,17 @@ class CpuBackend:
         v: np.ndarray,
     ) -> None:
         """Scatter each row's keys/values to its (slot, position) in place."""
+        if self._rowops is not None:
+            self._rowops.write_kv_rows(
+                cache.keys,
+                cache.values,
+                layer,
+                slots,
+                positions,
+                np.ascontiguousarray(k),
+                np.ascontiguousarray(v),
+            )
+            return
         layer_keys, layer_values = cache.keys[layer], cache.values[layer]
         layer_keys[slots, :, positions, :] = k
         layer_values[slots, :, positions, :] = v
@@ -394,22 +434,11 @@ class CpuBackend:
     def _kernel_attention(
         self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, plan: AttentionPlan
     ) -> np.ndarray:
-        from infer.engine.backends.cpu_kernels.attention import window_row_attention
-
         q = np.ascontiguousarray(q)
         out = np.empty_like(q)
-        short = np.flatnonzero(plan.row_run_length <= KERNEL_ROWS)
-        if short.size:
-            window_row_attention(
-                q,
-                keys,
-                values,
-                short,
-                plan.row_slots[short],
-                plan.row_first[short],
-                plan.row_visible[short],
-                out,
-            )
+        short = plan.short_rows(KERNEL_ROWS)
+        if short.rows.size:
+            self._row_attention(q, keys, values, short.rows, short.slots, short.first, short.visible, out)
         for run in plan.prefill:
             if run.length > KERNEL_ROWS:
                 self._prefill_attention(q, keys, values, run, out, plan.window)

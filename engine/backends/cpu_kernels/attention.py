@@ -19,9 +19,10 @@ LANES = 16
 
 
 @numba.njit(cache=True, inline="always")
-def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:
-    """sum(a * b) over one head, in LANES fixed partial sums reduced by a fixed tree."""
-    lanes = np.zeros(LANES, dtype=np.float32)
+def _dot(a: np.ndarray, b: np.ndarray, lanes: np.ndarray) -> np.float32:
+    """sum(a * b) over one head, in LANES fixed partial sums (`lanes`, scratch) reduced by a fixed tree."""
+    for lane in range(LANES):
+        lanes[lane] = 0.0
     width = a.shape[0]
     full = width - width % LANES
     for base in range(0, full, LANES):
@@ -67,40 +68,41 @@ def window_row_attention(
 
     q, out: float32 [batch_rows, heads, head_dim]; keys, values: [slots, kv_heads, capacity, head_dim];
     rows, slots, first, visible: int64 [m]. Heads share kv heads in groups (grouped-query attention). Scores
-    are not scaled here (the scale is folded into q). Parallel over (row, kv head): one task computes
-    a whole row-head, so the thread count never changes a result.
+    are not scaled here (the scale is folded into q). Parallel over (row, head): one task computes a
+    whole row-head, so the thread count never changes a result (and a single decode row still has
+    as many tasks as heads to share among the threads).
     """
     heads = q.shape[1]
     head_dim = q.shape[2]
     kv_heads = keys.shape[1]
     group = heads // kv_heads
-    for task in numba.prange(rows.shape[0] * kv_heads):
-        i = task // kv_heads
-        kv = task % kv_heads
+    for task in numba.prange(rows.shape[0] * heads):
+        i = task // heads
+        head = task % heads
+        kv = head // group
         row, slot, f, n = rows[i], slots[i], first[i], visible[i]
         weights = np.empty(n - f, dtype=np.float32)
-        for g in range(group):
-            head = kv * group + g
-            query = q[row, head]
-            top = np.float32(-np.inf)
-            for p in range(f, n):
-                score = _dot(query, keys[slot, kv, p])
-                weights[p - f] = score
-                if score > top:
-                    top = score
-            total = np.float32(0.0)
-            for p in range(f, n):
-                e = np.float32(math.exp(weights[p - f] - top))
-                weights[p - f] = e
-                total += e
-            target = out[row, head]
+        lanes = np.empty(LANES, dtype=np.float32)
+        query = q[row, head]
+        top = np.float32(-np.inf)
+        for p in range(f, n):
+            score = _dot(query, keys[slot, kv, p], lanes)
+            weights[p - f] = score
+            if score > top:
+                top = score
+        total = np.float32(0.0)
+        for p in range(f, n):
+            e = np.float32(math.exp(weights[p - f] - top))
+            weights[p - f] = e
+            total += e
+        target = out[row, head]
+        for j in range(head_dim):
+            target[j] = 0.0
+        for p in range(f, n):
+            w = weights[p - f]
+            value = values[slot, kv, p]
             for j in range(head_dim):
-                target[j] = 0.0
-            for p in range(f, n):
-                w = weights[p - f]
-                value = values[slot, kv, p]
-                for j in range(head_dim):
-                    target[j] += w * value[j]
-            inverse = np.float32(1.0) / total
-            for j in range(head_dim):
-                target[j] *= inverse
+                target[j] += w * value[j]
+        inverse = np.float32(1.0) / total
+        for j in range(head_dim):
+            target[j] *= inverse
