@@ -77,7 +77,7 @@ def test_block_weights_give_the_float_path_logits(quantized_pair) -> None:
     backend = CpuBackend(kernels="exact", kernel_table={"Q8_0": reference_kernels("Q8_0", calls)})
     block_logits, built = _logits(backend, model.gguf_path, tokens)
     layer = built.layers[0]
-    assert isinstance(layer.qkv, StackedWeight) and len(layer.qkv.parts) == 3  # q, k, v kept apart
+    assert isinstance(layer.qkv, BlockWeight)  # q, k, v lie back to back in the file: one view of them
     assert isinstance(layer.down, BlockWeight) and isinstance(built.embed, BlockWeight)
     assert isinstance(layer.attn_norm, DenseWeight)
     assert {rows for _, rows in calls} == {KERNEL_ROWS, 5}
@@ -132,3 +132,32 @@ def test_unknown_kernel_mode_is_refused() -> None:
 
     with pytest.raises(BackendError, match="exact, int8, blas"):
         CpuBackend(kernels="fast")
+
+
+def _blocks(rng: np.random.Generator, rows: int, row_bytes: int = 34) -> np.ndarray:
+    blocks = rng.integers(0, 256, (rows, row_bytes), dtype=np.uint8)
+    blocks[:, 0:2] = np.full((rows, 1), 0.01, dtype=np.float16).view(np.uint8)  # small finite scales
+    return blocks
+
+
+def test_stacking_joins_back_to_back_blocks_without_a_copy_and_keeps_others_apart() -> None:
+    calls: list[tuple[str, int]] = []
+    backend = CpuBackend(kernels="exact", kernel_table={"Q8_0": reference_kernels("Q8_0", calls)})
+    rng = np.random.default_rng(5)
+    buffer = _blocks(rng, 24)  # one buffer: rows 0-15 and 16-23 are two matrices back to back
+    first = backend.weight(buffer[:16], quant="Q8_0", shape=(16, 32))
+    second = backend.weight(buffer[16:], quant="Q8_0", shape=(8, 32))
+    elsewhere = backend.weight(_blocks(rng, 8), quant="Q8_0", shape=(8, 32))
+    joined = backend.stack([first, second])
+    assert isinstance(joined, BlockWeight) and joined.shape == (24, 32)
+    assert joined.blocks.shape == (24, 34) and np.shares_memory(joined.blocks, buffer)
+    apart = backend.stack([first, elsewhere])
+    assert isinstance(apart, StackedWeight) and len(apart.parts) == 2
+    assert isinstance(backend.stack([second, first]), StackedWeight)  # back to back, but in the other order
+    x = rng.standard_normal((KERNEL_ROWS + 2, 32)).astype(np.float32)
+    for stacked, pieces in ((joined, (first, second)), (apart, (first, elsewhere))):
+        together = backend.linear(x, stacked)
+        expected = np.concatenate([backend.linear(x, piece) for piece in pieces], axis=1)
+        assert (together == expected).all()
+        for row in (0, KERNEL_ROWS + 1):  # one row writes each part's columns in place
+            assert (backend.linear(x[row : row + 1], stacked)[0] == together[row]).all()

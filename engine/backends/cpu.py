@@ -48,6 +48,36 @@ def _contiguous_runs(array: np.ndarray) -> list[tuple[int, int]]:
     return [run for sub in array for run in _contiguous_runs(sub)]
 
 
+def _buffer_owner(array: np.ndarray) -> object:
+    """The object at the end of `array`'s chain of bases: the buffer (an mmap, bytes) or the array
+    that owns its memory."""
+    owner: object = array
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+        owner = owner.base
+    return owner
+
+
+def _adjacent_rows(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """One view of 2-D C-ordered arrays with rows of the same width stored back to back in the same
+    buffer (each starts where the previous one ends), or None when they are not."""
+    first = arrays[0]
+    owner = _buffer_owner(first)
+    address = first.ctypes.data
+    for array in arrays:
+        if (
+            array.ndim != 2
+            or not array.flags.c_contiguous
+            or array.dtype != first.dtype
+            or array.shape[1] != first.shape[1]
+            or array.ctypes.data != address
+            or _buffer_owner(array) is not owner
+        ):
+            return None
+        address += array.nbytes
+    rows = sum(array.shape[0] for array in arrays)
+    return np.lib.stride_tricks.as_strided(first, (rows, first.shape[1]), first.strides, writeable=False)
+
+
 _VOCAB_CHUNK = 4096
 """Rows of the embedding table per vocabulary-projection matmul (see CpuBackend.logits)."""
 
@@ -158,18 +188,27 @@ class CpuBackend:
             )
         return BlockWeight(array, kernels, tuple(shape))
 
-    def stack(self, weights: Sequence[DenseWeight | BlockWeight]) -> DenseWeight | StackedWeight:
-        """One weight whose rows are `weights`' rows in order (dense ones concatenated, blocks kept)."""
+    def stack(
+        self, weights: Sequence[DenseWeight | BlockWeight]
+    ) -> DenseWeight | BlockWeight | StackedWeight:
+        """One weight whose rows are `weights`' rows in order: dense ones concatenated; blocks of one
+        type lying back to back in one buffer (gate and up in llama.cpp's files) as one view of
+        them, so a product is one kernel call; other blocks kept as parts."""
         if all(isinstance(w, DenseWeight) for w in weights):
             return DenseWeight(np.concatenate([w.data for w in weights]))  # type: ignore[union-attr]
         if not all(isinstance(w, BlockWeight) for w in weights):
             raise BackendError("cannot stack dense and block weights into one")
-        parts = tuple(weights)  # type: ignore[arg-type]
-        return StackedWeight(parts, (sum(p.shape[0] for p in parts), parts[0].shape[1]))
+        parts: tuple[BlockWeight, ...] = tuple(weights)  # type: ignore[arg-type]
+        shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+        joined = _adjacent_rows([p.blocks for p in parts]) if len({p.kernels for p in parts}) == 1 else None
+        if joined is not None:
+            return BlockWeight(joined, parts[0].kernels, shape)
+        return StackedWeight(parts, shape)
 
     def _block_product(self, x: np.ndarray, weight: BlockWeight | StackedWeight) -> np.ndarray:
         """x @ W.T for blocks: every KERNEL_ROWS rows of x in one kernel call per part, so each row's
-        result is the same bits whatever rows run beside it."""
+        result is the same bits whatever rows run beside it. A part writes its columns in place when
+        they are contiguous (one row), else through a temporary."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         rows = x.shape[0]
         parts = weight.parts if isinstance(weight, StackedWeight) else (weight,)
@@ -184,12 +223,17 @@ class CpuBackend:
             column = 0
             for part in parts:
                 width = part.shape[0]
-                target = out[lo:hi] if len(parts) == 1 else np.empty((hi - lo, width), dtype=np.float32)
+                if len(parts) == 1:
+                    target = out[lo:hi]
+                elif hi - lo == 1:
+                    target = out[lo:hi, column : column + width]
+                else:
+                    target = np.empty((hi - lo, width), dtype=np.float32)
                 if int8:
                     part.kernels.matmul_int8(part.blocks, xq[lo:hi], xs[lo:hi], target)  # type: ignore[misc]
                 else:
                     part.kernels.matmul_exact(part.blocks, x[lo:hi], target)
-                if len(parts) > 1:
+                if len(parts) > 1 and hi - lo > 1:
                     out[lo:hi, column : column + width] = target
                 column += width
         return out
