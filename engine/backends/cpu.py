@@ -367,7 +367,14 @@ class CpuBackend:
 
     def silu_mul(self, gate_up: np.ndarray, width: int) -> np.ndarray:
         """silu(gate) * up, computed in place in `gate_up` (which it overwrites): four passes, no
-        temporaries. silu(g) * u = g * u / (1 + exp(-g)); exp(-g) overflowing to inf gives the right 0."""
+        temporaries. silu(g) * u = g * u / (1 + exp(-g)); exp(-g) overflowing to inf gives the right 0.
+        The kernel modes make it one kernel call into a new array (with a vectorised exp of their own,
+        so the last bit may differ from numpy's)."""
+        if self._rowops is not None:
+            gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
+            out = np.empty((gate_up.shape[0], width), dtype=np.float32)
+            self._rowops.silu_mul_rows(gate_up, width, out)
+            return out
         gate = gate_up[:, :width]
         up = gate_up[:, width:]
         np.multiply(gate, up, out=up)
@@ -380,7 +387,13 @@ class CpuBackend:
 
     def gelu_mul(self, gate_up: np.ndarray, width: int) -> np.ndarray:
         """GeGLU: gelu(gate) * up with the tanh approximation (PyTorch's gelu(approximate="tanh")),
-        0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u, in float32; overwrites `gate_up`."""
+        0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u, in float32; overwrites `gate_up` (the
+        kernel modes: one kernel call into a new array)."""
+        if self._rowops is not None:
+            gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
+            out = np.empty((gate_up.shape[0], width), dtype=np.float32)
+            self._rowops.gelu_mul_rows(gate_up, width, out)
+            return out
         gate = gate_up[:, :width]
         up = gate_up[:, width:]
         inner = gate * gate
