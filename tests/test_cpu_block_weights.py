@@ -140,22 +140,35 @@ def _blocks(rng: np.random.Generator, rows: int, row_bytes: int = 34) -> np.ndar
     return blocks
 
 
-def test_stacking_joins_back_to_back_blocks_without_a_copy_and_keeps_others_apart() -> None:
+def test_stacking_joins_blocks_of_one_type_into_one_matrix_and_keeps_other_types_apart(tmp_path) -> None:
     calls: list[tuple[str, int]] = []
-    backend = CpuBackend(kernels="exact", kernel_table={"Q8_0": reference_kernels("Q8_0", calls)})
+    table = {name: reference_kernels(name, calls) for name in ("Q8_0", "Q4_0")}
+    backend = CpuBackend(kernels="exact", kernel_table=table)
     rng = np.random.default_rng(5)
     buffer = _blocks(rng, 24)  # one buffer: rows 0-15 and 16-23 are two matrices back to back
     first = backend.weight(buffer[:16], quant="Q8_0", shape=(16, 32))
     second = backend.weight(buffer[16:], quant="Q8_0", shape=(8, 32))
-    elsewhere = backend.weight(_blocks(rng, 8), quant="Q8_0", shape=(8, 32))
     joined = backend.stack([first, second])
     assert isinstance(joined, BlockWeight) and joined.shape == (24, 32)
-    assert joined.blocks.shape == (24, 34) and np.shares_memory(joined.blocks, buffer)
-    apart = backend.stack([first, elsewhere])
+    assert joined.blocks.shape == (24, 34) and np.shares_memory(joined.blocks, buffer)  # a view: no copy
+    # Apart in memory (here: a read-only map of a file, whose pages the copy gives back): one copy.
+    path = tmp_path / "blocks.bin"
+    _blocks(rng, 8).tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r").reshape(8, 34)
+    elsewhere = backend.weight(mapped, quant="Q8_0", shape=(8, 32))
+    copied = backend.stack([first, elsewhere])
+    assert isinstance(copied, BlockWeight) and copied.shape == (24, 32)
+    assert not np.shares_memory(copied.blocks, mapped) and not np.shares_memory(copied.blocks, buffer)
+    assert (np.asarray(mapped) == np.fromfile(path, dtype=np.uint8).reshape(8, 34)).all()  # the file's bytes
+    other_type = backend.weight(_blocks(rng, 8, 18), quant="Q4_0", shape=(8, 32))
+    apart = backend.stack([first, other_type])
     assert isinstance(apart, StackedWeight) and len(apart.parts) == 2
-    assert isinstance(backend.stack([second, first]), StackedWeight)  # back to back, but in the other order
     x = rng.standard_normal((KERNEL_ROWS + 2, 32)).astype(np.float32)
-    for stacked, pieces in ((joined, (first, second)), (apart, (first, elsewhere))):
+    for stacked, pieces in (
+        (joined, (first, second)),
+        (copied, (first, elsewhere)),
+        (apart, (first, other_type)),
+    ):
         together = backend.linear(x, stacked)
         expected = np.concatenate([backend.linear(x, piece) for piece in pieces], axis=1)
         assert (together == expected).all()

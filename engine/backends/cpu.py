@@ -57,6 +57,17 @@ def _buffer_owner(array: np.ndarray) -> object:
     return owner
 
 
+def _read_only_file_map(array: np.ndarray) -> bool:
+    """`array` views a file mapped read-only (np.memmap mode "r" among its bases): giving its pages
+    back (`CpuBackend.discard`) loses nothing, a later read maps them from the file again."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap) and base.mode == "r":
+            return True
+        base = base.base
+    return False
+
+
 def _adjacent_rows(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
     """One view of 2-D C-ordered arrays with rows of the same width stored back to back in the same
     buffer (each starts where the previous one ends), or None when they are not."""
@@ -192,18 +203,24 @@ class CpuBackend:
         self, weights: Sequence[DenseWeight | BlockWeight]
     ) -> DenseWeight | BlockWeight | StackedWeight:
         """One weight whose rows are `weights`' rows in order: dense ones concatenated; blocks of one
-        type lying back to back in one buffer (gate and up in llama.cpp's files) as one view of
-        them, so a product is one kernel call; other blocks kept as parts."""
+        type as one block matrix, so a product is one kernel call (a view when they lie back to back
+        in one buffer, as gate and up do in llama.cpp's files; else a copy, whose read-only file pages
+        are given back so memory holds the blocks once); blocks of several types kept as parts."""
         if all(isinstance(w, DenseWeight) for w in weights):
             return DenseWeight(np.concatenate([w.data for w in weights]))  # type: ignore[union-attr]
         if not all(isinstance(w, BlockWeight) for w in weights):
             raise BackendError("cannot stack dense and block weights into one")
         parts: tuple[BlockWeight, ...] = tuple(weights)  # type: ignore[arg-type]
         shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
-        joined = _adjacent_rows([p.blocks for p in parts]) if len({p.kernels for p in parts}) == 1 else None
-        if joined is not None:
-            return BlockWeight(joined, parts[0].kernels, shape)
-        return StackedWeight(parts, shape)
+        if len({p.kernels for p in parts}) > 1 or len({p.blocks.shape[1:] for p in parts}) > 1:
+            return StackedWeight(parts, shape)
+        joined = _adjacent_rows([p.blocks for p in parts])
+        if joined is None:
+            joined = np.concatenate([p.blocks for p in parts])
+            for part in parts:
+                if _read_only_file_map(part.blocks):
+                    self.discard(part.blocks)
+        return BlockWeight(joined, parts[0].kernels, shape)
 
     def _block_product(self, x: np.ndarray, weight: BlockWeight | StackedWeight) -> np.ndarray:
         """x @ W.T for blocks: every KERNEL_ROWS rows of x in one kernel call per part, so each row's
@@ -270,8 +287,9 @@ class CpuBackend:
         return np.frombuffer(region, dtype=np.float32, count=count).reshape(shape)
 
     def discard(self, array: np.ndarray) -> None:
-        """Give the whole pages under `array` (a view into a `zeros` array) back to the kernel with
-        madvise(MADV_DONTNEED); they read as zeros afterwards and cost no RSS until written again.
+        """Give the whole pages under `array` (a view into a `zeros` array, or of a read-only file map)
+        back to the kernel with madvise(MADV_DONTNEED); they read as zeros (a file's contents)
+        afterwards and cost no RSS until touched again.
         Each contiguous run of the view is handled separately; partial pages at a run's ends stay."""
         runs = _contiguous_runs(array)
         for start, nbytes in runs:
