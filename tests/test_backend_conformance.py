@@ -173,6 +173,7 @@ def test_sampling_module_says_where_rows_are_drawn(backend: Backend) -> None:
     if module is not None:
         assert hasattr(module, "argpartition") and hasattr(module, "take_along_axis")
 
+
 # ---- write_kv and attention ------------------------------------------------------------------------
 
 HEADS, KV_HEADS, HEAD_DIM, SLOTS, CAPACITY, LAYERS = 4, 2, 8, 5, 32, 2
