@@ -62,6 +62,14 @@ def test_row_ops_give_each_row_the_same_bits_alone_or_in_a_batch(rows: int) -> N
         assert (BACKEND.rope(q[i : i + 1].copy(), rotations[i : i + 1]) == together[i : i + 1]).all()
 
 
+def test_rms_norm_normalises_the_last_axis_of_any_shape() -> None:
+    x = np.random.default_rng(6).standard_normal((2, 3, 32)).astype(np.float32)
+    got = BACKEND.rms_norm(x, None, 1e-6)
+    assert got.shape == x.shape
+    assert (got.reshape(6, 32) == BACKEND.rms_norm(x.reshape(6, 32), None, 1e-6)).all()
+    assert (BACKEND.rms_norm(x[0, 0], None, 1e-6) == got[0, 0]).all()
+
+
 def test_rope_of_a_strided_view_leaves_its_source_alone() -> None:
     rng = np.random.default_rng(3)
     qkv = rng.standard_normal((4, 3 * 16)).astype(np.float32)  # rows of q | k | v, as a linear returns

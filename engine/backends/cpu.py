@@ -362,9 +362,10 @@ class CpuBackend:
                     scale = self._ones.setdefault(width, np.ones(width, dtype=np.float32))
             else:
                 scale = weight.data
-            out = np.empty_like(x)
-            self._rowops.rms_norm_rows(x, scale, np.float32(eps), out)
-            return out
+            rows = x.reshape(-1, width)  # the kernel takes [rows, width]
+            out = np.empty_like(rows)
+            self._rowops.rms_norm_rows(rows, scale, np.float32(eps), out)
+            return out.reshape(x.shape)
         mean_square = np.einsum("ij,ij->i", x, x) / np.float32(x.shape[-1])
         scale = 1.0 / np.sqrt(mean_square + np.float32(eps))
         out = x * scale[:, None]
