@@ -5,6 +5,9 @@ compiled dot-product loop over the head (its summation order fixed by the head w
 and the weighted sum of values walk the positions in order. So a decode row, a row verifying drafts and
 the same row recomputed alone give the same bits whatever else is in the batch (batched BLAS over padded
 widths cannot promise that: its blocking, and so its summation order, follows the batch's shape).
+
+numba's cache tracks only the source file of the cached function: after editing rowops.exp_f32, which
+the softmax inlines, touch this file so the kernel is recompiled.
 """
 
 from __future__ import annotations
