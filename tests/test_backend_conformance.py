@@ -20,10 +20,14 @@ from infer.engine.backends.probe import probe_backend
 
 RUNNABLE = [name for name in BACKEND_CLASSES if probe_backend(name) is None]
 RTOL, ATOL = 2e-5, 2e-5
+CPU_EXACT = "cpu-exact"
+"""The cpu backend with its numba kernels (`cpu_kernels: exact`): its row ops are kernels of their own."""
 
 
-@pytest.fixture(params=RUNNABLE)
+@pytest.fixture(params=[*RUNNABLE, CPU_EXACT])
 def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == CPU_EXACT:
+        return create_backend("cpu", cpu_kernels="exact")
     return create_backend(request.param)
 
 
@@ -73,8 +77,8 @@ def test_unknown_backend_is_a_clear_error() -> None:
 
 
 def test_quant_blocks_outside_the_capabilities_are_refused(backend: Backend) -> None:
-    formats = type(backend).capabilities.quant_formats
-    missing = next(q for q in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K") if q not in formats)
+    formats = {*type(backend).capabilities.quant_formats, *backend.block_formats}
+    missing = next(q for q in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_1", "Q2_K") if q not in formats)
     with pytest.raises(BackendError, match=missing):
         backend.weight(np.zeros(18 * 4, dtype=np.uint8), quant=missing, shape=(4, 32))
 

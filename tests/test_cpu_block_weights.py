@@ -77,7 +77,7 @@ def test_block_weights_give_the_float_path_logits(quantized_pair) -> None:
     backend = CpuBackend(kernels="exact", kernel_table={"Q8_0": reference_kernels("Q8_0", calls)})
     block_logits, built = _logits(backend, model.gguf_path, tokens)
     layer = built.layers[0]
-    assert isinstance(layer.qkv, StackedWeight) and len(layer.qkv.parts) == 3  # q, k, v kept apart
+    assert isinstance(layer.qkv, BlockWeight)  # q, k, v lie back to back in the file: one view of them
     assert isinstance(layer.down, BlockWeight) and isinstance(built.embed, BlockWeight)
     assert isinstance(layer.attn_norm, DenseWeight)
     assert {rows for _, rows in calls} == {KERNEL_ROWS, 5}
@@ -132,3 +132,45 @@ def test_unknown_kernel_mode_is_refused() -> None:
 
     with pytest.raises(BackendError, match="exact, int8, blas"):
         CpuBackend(kernels="fast")
+
+
+def _blocks(rng: np.random.Generator, rows: int, row_bytes: int = 34) -> np.ndarray:
+    blocks = rng.integers(0, 256, (rows, row_bytes), dtype=np.uint8)
+    blocks[:, 0:2] = np.full((rows, 1), 0.01, dtype=np.float16).view(np.uint8)  # small finite scales
+    return blocks
+
+
+def test_stacking_joins_blocks_of_one_type_into_one_matrix_and_keeps_other_types_apart(tmp_path) -> None:
+    calls: list[tuple[str, int]] = []
+    table = {name: reference_kernels(name, calls) for name in ("Q8_0", "Q4_0")}
+    backend = CpuBackend(kernels="exact", kernel_table=table)
+    rng = np.random.default_rng(5)
+    buffer = _blocks(rng, 24)  # one buffer: rows 0-15 and 16-23 are two matrices back to back
+    first = backend.weight(buffer[:16], quant="Q8_0", shape=(16, 32))
+    second = backend.weight(buffer[16:], quant="Q8_0", shape=(8, 32))
+    joined = backend.stack([first, second])
+    assert isinstance(joined, BlockWeight) and joined.shape == (24, 32)
+    assert joined.blocks.shape == (24, 34) and np.shares_memory(joined.blocks, buffer)  # a view: no copy
+    # Apart in memory (here: a read-only map of a file, whose pages the copy gives back): one copy.
+    path = tmp_path / "blocks.bin"
+    _blocks(rng, 8).tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r").reshape(8, 34)
+    elsewhere = backend.weight(mapped, quant="Q8_0", shape=(8, 32))
+    copied = backend.stack([first, elsewhere])
+    assert isinstance(copied, BlockWeight) and copied.shape == (24, 32)
+    assert not np.shares_memory(copied.blocks, mapped) and not np.shares_memory(copied.blocks, buffer)
+    assert (np.asarray(mapped) == np.fromfile(path, dtype=np.uint8).reshape(8, 34)).all()  # the file's bytes
+    other_type = backend.weight(_blocks(rng, 8, 18), quant="Q4_0", shape=(8, 32))
+    apart = backend.stack([first, other_type])
+    assert isinstance(apart, StackedWeight) and len(apart.parts) == 2
+    x = rng.standard_normal((KERNEL_ROWS + 2, 32)).astype(np.float32)
+    for stacked, pieces in (
+        (joined, (first, second)),
+        (copied, (first, elsewhere)),
+        (apart, (first, other_type)),
+    ):
+        together = backend.linear(x, stacked)
+        expected = np.concatenate([backend.linear(x, piece) for piece in pieces], axis=1)
+        assert (together == expected).all()
+        for row in (0, KERNEL_ROWS + 1):  # one row writes each part's columns in place
+            assert (backend.linear(x[row : row + 1], stacked)[0] == together[row]).all()

@@ -26,6 +26,20 @@ class PrefillRun:
 
 
 @dataclass(frozen=True)
+class RowSelection:
+    """Some rows of a batch with what attention needs of each (int64 arrays of the same length)."""
+
+    rows: np.ndarray
+    """Batch rows."""
+    slots: np.ndarray
+    """KV-cache slot of each."""
+    first: np.ndarray
+    """First position each attends to."""
+    visible: np.ndarray
+    """Positions each sees (its own position + 1)."""
+
+
+@dataclass(frozen=True)
 class AttentionPlan:
     """Decode rows (one token of a sequence) attend in one batched matmul over the dense run of slots
     [slot_lo, slot_hi); prefill runs attend one by one."""
@@ -53,6 +67,18 @@ class AttentionPlan:
     decode_offset: int = 0
     """First cache position the batched decode rows read (the smallest of their first positions);
     `decode_mask`, when set, covers positions [decode_offset, decode_width)."""
+    _short_rows: dict[int, RowSelection] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def short_rows(self, limit: int) -> RowSelection:
+        """The rows whose sequence brings at most `limit` rows to this batch (decode rows, verify
+        runs), with their slots, first and visible positions: worked out once per plan, since every
+        layer attends with the same plan."""
+        selection = self._short_rows.get(limit)
+        if selection is None:
+            rows = np.flatnonzero(self.row_run_length <= limit)
+            selection = RowSelection(rows, self.row_slots[rows], self.row_first[rows], self.row_visible[rows])
+            self._short_rows[limit] = selection
+        return selection
 
     @classmethod
     def build(cls, slots: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> AttentionPlan:

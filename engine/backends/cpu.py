@@ -7,6 +7,7 @@ import math
 import mmap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import ClassVar
 
 import numpy as np
@@ -45,6 +46,47 @@ def _contiguous_runs(array: np.ndarray) -> list[tuple[int, int]]:
     if array.flags.c_contiguous:
         return [(array.ctypes.data, array.nbytes)]
     return [run for sub in array for run in _contiguous_runs(sub)]
+
+
+def _buffer_owner(array: np.ndarray) -> object:
+    """The object at the end of `array`'s chain of bases: the buffer (an mmap, bytes) or the array
+    that owns its memory."""
+    owner: object = array
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+        owner = owner.base
+    return owner
+
+
+def _read_only_file_map(array: np.ndarray) -> bool:
+    """`array` views a file mapped read-only (np.memmap mode "r" among its bases): giving its pages
+    back (`CpuBackend.discard`) loses nothing, a later read maps them from the file again."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap) and base.mode == "r":
+            return True
+        base = base.base
+    return False
+
+
+def _adjacent_rows(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """One view of 2-D C-ordered arrays with rows of the same width stored back to back in the same
+    buffer (each starts where the previous one ends), or None when they are not."""
+    first = arrays[0]
+    owner = _buffer_owner(first)
+    address = first.ctypes.data
+    for array in arrays:
+        if (
+            array.ndim != 2
+            or not array.flags.c_contiguous
+            or array.dtype != first.dtype
+            or array.shape[1] != first.shape[1]
+            or array.ctypes.data != address
+            or _buffer_owner(array) is not owner
+        ):
+            return None
+        address += array.nbytes
+    rows = sum(array.shape[0] for array in arrays)
+    return np.lib.stride_tricks.as_strided(first, (rows, first.shape[1]), first.strides, writeable=False)
 
 
 _VOCAB_CHUNK = 4096
@@ -113,13 +155,23 @@ class CpuBackend:
         self.dtype = dtype
         self.kernel_mode = kernels
         """exact, int8 or blas (see KERNEL_MODES)."""
+        self._rowops: ModuleType | None = None
+        """The numba row ops (cpu_kernels/rowops.py) in the kernel modes; None with `blas`, which
+        imports no numba and keeps the numpy formulas."""
         if kernels == "blas":
             kernel_table = {}
-        elif kernel_table is None:
-            from infer.engine.backends.cpu_kernels import KERNELS
+        else:
+            from infer.engine.backends.cpu_kernels import attention, rowops
 
-            kernel_table = KERNELS
+            self._rowops = rowops
+            self._row_attention = attention.window_row_attention
+            if kernel_table is None:
+                from infer.engine.backends.cpu_kernels import KERNELS
+
+                kernel_table = KERNELS
         self._kernels: Mapping[str, QuantKernels] = kernel_table
+        self._ones: dict[int, np.ndarray] = {}
+        """float32 ones per width: the RMSNorm kernel's weight when a norm has none (x * 1 == x)."""
 
     @property
     def block_formats(self) -> frozenset[str]:
@@ -147,18 +199,33 @@ class CpuBackend:
             )
         return BlockWeight(array, kernels, tuple(shape))
 
-    def stack(self, weights: Sequence[DenseWeight | BlockWeight]) -> DenseWeight | StackedWeight:
-        """One weight whose rows are `weights`' rows in order (dense ones concatenated, blocks kept)."""
+    def stack(
+        self, weights: Sequence[DenseWeight | BlockWeight]
+    ) -> DenseWeight | BlockWeight | StackedWeight:
+        """One weight whose rows are `weights`' rows in order: dense ones concatenated; blocks of one
+        type as one block matrix, so a product is one kernel call (a view when they lie back to back
+        in one buffer, as gate and up do in llama.cpp's files; else a copy, whose read-only file pages
+        are given back so memory holds the blocks once); blocks of several types kept as parts."""
         if all(isinstance(w, DenseWeight) for w in weights):
             return DenseWeight(np.concatenate([w.data for w in weights]))  # type: ignore[union-attr]
         if not all(isinstance(w, BlockWeight) for w in weights):
             raise BackendError("cannot stack dense and block weights into one")
-        parts = tuple(weights)  # type: ignore[arg-type]
-        return StackedWeight(parts, (sum(p.shape[0] for p in parts), parts[0].shape[1]))
+        parts: tuple[BlockWeight, ...] = tuple(weights)  # type: ignore[arg-type]
+        shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+        if len({p.kernels for p in parts}) > 1 or len({p.blocks.shape[1:] for p in parts}) > 1:
+            return StackedWeight(parts, shape)
+        joined = _adjacent_rows([p.blocks for p in parts])
+        if joined is None:
+            joined = np.concatenate([p.blocks for p in parts])
+            for part in parts:
+                if _read_only_file_map(part.blocks):
+                    self.discard(part.blocks)
+        return BlockWeight(joined, parts[0].kernels, shape)
 
     def _block_product(self, x: np.ndarray, weight: BlockWeight | StackedWeight) -> np.ndarray:
         """x @ W.T for blocks: every KERNEL_ROWS rows of x in one kernel call per part, so each row's
-        result is the same bits whatever rows run beside it."""
+        result is the same bits whatever rows run beside it. A part writes its columns in place when
+        they are contiguous (one row), else through a temporary."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         rows = x.shape[0]
         parts = weight.parts if isinstance(weight, StackedWeight) else (weight,)
@@ -173,12 +240,17 @@ class CpuBackend:
             column = 0
             for part in parts:
                 width = part.shape[0]
-                target = out[lo:hi] if len(parts) == 1 else np.empty((hi - lo, width), dtype=np.float32)
+                if len(parts) == 1:
+                    target = out[lo:hi]
+                elif hi - lo == 1:
+                    target = out[lo:hi, column : column + width]
+                else:
+                    target = np.empty((hi - lo, width), dtype=np.float32)
                 if int8:
                     part.kernels.matmul_int8(part.blocks, xq[lo:hi], xs[lo:hi], target)  # type: ignore[misc]
                 else:
                     part.kernels.matmul_exact(part.blocks, x[lo:hi], target)
-                if len(parts) > 1:
+                if len(parts) > 1 and hi - lo > 1:
                     out[lo:hi, column : column + width] = target
                 column += width
         return out
@@ -215,8 +287,9 @@ class CpuBackend:
         return np.frombuffer(region, dtype=np.float32, count=count).reshape(shape)
 
     def discard(self, array: np.ndarray) -> None:
-        """Give the whole pages under `array` (a view into a `zeros` array) back to the kernel with
-        madvise(MADV_DONTNEED); they read as zeros afterwards and cost no RSS until written again.
+        """Give the whole pages under `array` (a view into a `zeros` array, or of a read-only file map)
+        back to the kernel with madvise(MADV_DONTNEED); they read as zeros (a file's contents)
+        afterwards and cost no RSS until touched again.
         Each contiguous run of the view is handled separately; partial pages at a run's ends stay."""
         runs = _contiguous_runs(array)
         for start, nbytes in runs:
@@ -278,7 +351,21 @@ class CpuBackend:
         return out
 
     def rms_norm(self, x: np.ndarray, weight: DenseWeight | None, eps: float) -> np.ndarray:
-        """x / sqrt(mean(x^2) + eps) (* weight), in float32 as Hugging Face computes it."""
+        """x / sqrt(mean(x^2) + eps) (* weight), in float32 as Hugging Face computes it (one kernel
+        call in the kernel modes, the same bits as the numpy formula)."""
+        if self._rowops is not None:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            width = x.shape[-1]
+            if weight is None:
+                scale = self._ones.get(width)
+                if scale is None:
+                    scale = self._ones.setdefault(width, np.ones(width, dtype=np.float32))
+            else:
+                scale = weight.data
+            rows = x.reshape(-1, width)  # the kernel takes [rows, width]
+            out = np.empty_like(rows)
+            self._rowops.rms_norm_rows(rows, scale, np.float32(eps), out)
+            return out.reshape(x.shape)
         mean_square = np.einsum("ij,ij->i", x, x) / np.float32(x.shape[-1])
         scale = 1.0 / np.sqrt(mean_square + np.float32(eps))
         out = x * scale[:, None]
@@ -287,14 +374,26 @@ class CpuBackend:
         return out
 
     def rope(self, x: np.ndarray, rotations: np.ndarray) -> np.ndarray:
-        """Rotate adjacent pairs of every head as complex numbers: one multiply instead of six ops."""
+        """Rotate adjacent pairs of every head as complex numbers: one multiply instead of six ops
+        (in the kernel modes one kernel call, in place on a contiguous x, with the same bits)."""
+        if self._rowops is not None:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            self._rowops.rope_rows(x, rotations)
+            return x
         pairs = np.ascontiguousarray(x).view(np.complex64)
         pairs *= rotations[:, None, :]
         return pairs.view(np.float32)
 
     def silu_mul(self, gate_up: np.ndarray, width: int) -> np.ndarray:
         """silu(gate) * up, computed in place in `gate_up` (which it overwrites): four passes, no
-        temporaries. silu(g) * u = g * u / (1 + exp(-g)); exp(-g) overflowing to inf gives the right 0."""
+        temporaries. silu(g) * u = g * u / (1 + exp(-g)); exp(-g) overflowing to inf gives the right 0.
+        The kernel modes make it one kernel call into a new array (with a vectorised exp of their own,
+        so the last bit may differ from numpy's)."""
+        if self._rowops is not None:
+            gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
+            out = np.empty((gate_up.shape[0], width), dtype=np.float32)
+            self._rowops.silu_mul_rows(gate_up, width, out)
+            return out
         gate = gate_up[:, :width]
         up = gate_up[:, width:]
         np.multiply(gate, up, out=up)
@@ -307,7 +406,13 @@ class CpuBackend:
 
     def gelu_mul(self, gate_up: np.ndarray, width: int) -> np.ndarray:
         """GeGLU: gelu(gate) * up with the tanh approximation (PyTorch's gelu(approximate="tanh")),
-        0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u, in float32; overwrites `gate_up`."""
+        0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u, in float32; overwrites `gate_up` (the
+        kernel modes: one kernel call into a new array)."""
+        if self._rowops is not None:
+            gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
+            out = np.empty((gate_up.shape[0], width), dtype=np.float32)
+            self._rowops.gelu_mul_rows(gate_up, width, out)
+            return out
         gate = gate_up[:, :width]
         up = gate_up[:, width:]
         inner = gate * gate
@@ -362,6 +467,17 @@ class CpuBackend:
         v: np.ndarray,
     ) -> None:
         """Scatter each row's keys/values to its (slot, position) in place."""
+        if self._rowops is not None:
+            self._rowops.write_kv_rows(
+                cache.keys,
+                cache.values,
+                layer,
+                slots,
+                positions,
+                np.ascontiguousarray(k),
+                np.ascontiguousarray(v),
+            )
+            return
         layer_keys, layer_values = cache.keys[layer], cache.values[layer]
         layer_keys[slots, :, positions, :] = k
         layer_values[slots, :, positions, :] = v
@@ -394,22 +510,11 @@ class CpuBackend:
     def _kernel_attention(
         self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, plan: AttentionPlan
     ) -> np.ndarray:
-        from infer.engine.backends.cpu_kernels.attention import window_row_attention
-
         q = np.ascontiguousarray(q)
         out = np.empty_like(q)
-        short = np.flatnonzero(plan.row_run_length <= KERNEL_ROWS)
-        if short.size:
-            window_row_attention(
-                q,
-                keys,
-                values,
-                short,
-                plan.row_slots[short],
-                plan.row_first[short],
-                plan.row_visible[short],
-                out,
-            )
+        short = plan.short_rows(KERNEL_ROWS)
+        if short.rows.size:
+            self._row_attention(q, keys, values, short.rows, short.slots, short.first, short.visible, out)
         for run in plan.prefill:
             if run.length > KERNEL_ROWS:
                 self._prefill_attention(q, keys, values, run, out, plan.window)

@@ -60,6 +60,12 @@ def half_bits_to_f32(bits):
 
 
 @njit(inline="always", cache=True)
+def f32_from_bits(bits):
+    """The float32 whose IEEE bits are the low 32 bits of integer `bits`."""
+    return _i32_bits_to_f32(bits)
+
+
+@njit(inline="always", cache=True)
 def bf16_bits_to_f32(bits):
     """float32 value of a bfloat16 given as its 16 bits: the same bits shifted into the high half."""
     return _i32_bits_to_f32(types.uint32(bits) << types.uint32(16))

@@ -1,0 +1,117 @@
+"""Where a batch-1 decode token's time goes on the default model: each backend op, the model's own code
+around them, and the engine's step (scheduling, sampling, events).
+
+Usage: python scripts/bench_decode_breakdown.py [--threads 2] [--tokens 128] [--runs 3] [--temp 0]
+       [--cpu-kernels exact]
+Runs greedy (or --temp) generations of --tokens tokens after a warm-up, first plain (ms/token), then with
+every backend op and engine stage timed (the timers add ~0.3 us per call). Times are per token; an op's
+share is of the timed run's token. Quote it beside the load average: other work on the machine inflates
+the multi-threaded kernels most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # what `infer` sets (cli/runtime.py)
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")
+
+from threadpoolctl import threadpool_limits
+
+from infer.cli.model_store import ensure_default_model
+from infer.engine.runtime.engine import EngineConfig, load_engine
+from infer.engine.runtime.request import Request
+from infer.engine.sampling import SamplingParams
+
+BACKEND_OPS = ("embed", "linear", "logits", "rms_norm", "rope", "silu_mul", "write_kv", "attention")
+ENGINE_STAGES = ("step", "_forward", "_complete")
+
+
+class Timers:
+    """Seconds and calls per label, gathered by wrapping callables."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def wrap(self, owner: Any, name: str, label: str) -> None:
+        """Replace `owner.name` by a timed version of itself."""
+        inner: Callable[..., Any] = getattr(owner, name)
+
+        @functools.wraps(inner)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - started
+                self.calls[label] += 1
+
+        setattr(owner, name, timed)
+
+
+def main() -> None:
+    """Print ms/token and the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--temp", type=float, default=0.0)
+    parser.add_argument("--cpu-kernels", default="exact")
+    args = parser.parse_args()
+    threadpool_limits(1 if args.cpu_kernels != "blas" else args.threads, user_api="blas")
+    if args.cpu_kernels != "blas":
+        import numba
+
+        numba.set_num_threads(args.threads)
+    engine = load_engine(
+        ensure_default_model(), EngineConfig(ctx_size=4096, max_num_seqs=16), cpu_kernels=args.cpu_kernels
+    )
+    params = SamplingParams(temperature=args.temp)
+    prompt = tuple((i * 37) % 20000 + 100 for i in range(8))
+
+    def per_token() -> float:
+        done = engine.generate(Request(prompt, params, max_tokens=args.tokens, ignore_eos=True, seed=1)).done
+        return done.timings.decode_s / (done.usage.completion_tokens - 1)
+
+    per_token()
+    plain = [per_token() for _ in range(args.runs)]
+    timers = Timers()
+    for name in BACKEND_OPS:
+        timers.wrap(engine.model.backend, name, name)
+    timers.wrap(engine.model, "forward", "model.forward")
+    for name in ENGINE_STAGES:
+        timers.wrap(engine, name, "engine." + name.lstrip("_"))
+    timers.wrap(engine.scheduler, "schedule", "engine.schedule")
+    tokens = 0
+    for _ in range(args.runs):
+        done = engine.generate(Request(prompt, params, max_tokens=args.tokens, ignore_eos=True, seed=1)).done
+        tokens += done.usage.completion_tokens
+    seconds = timers.seconds
+    ops = sum(seconds[name] for name in BACKEND_OPS)
+    rows = [(name, seconds[name], timers.calls[name]) for name in BACKEND_OPS]
+    rows.append(("model code between ops", seconds["model.forward"] - ops, 0))
+    rows.append(("engine outside forward", seconds["engine.step"] - seconds["model.forward"], 0))
+    token = seconds["engine.step"] / tokens
+    print(
+        f"threads {args.threads}, {args.cpu_kernels} kernels, temp {args.temp}, "
+        f"load {os.getloadavg()[0]:.2f}: "
+        f"{statistics.median(plain) * 1e3:.3f} ms/token (median of {args.runs}, min "
+        f"{min(plain) * 1e3:.3f}); timed run {token * 1e3:.3f} ms/token"
+    )
+    print(f"{'part':24} {'ms/token':>9} {'share':>6} {'calls':>6} {'us/call':>8}")
+    for name, total, calls in sorted(rows, key=lambda row: -row[1]):
+        per_call = f"{total / calls * 1e6:8.1f}" if calls else " " * 8
+        calls_text = f"{calls / tokens:6.0f}" if calls else " " * 6
+        print(f"{name:24} {total / tokens * 1e3:9.3f} {total / tokens / token:6.1%} {calls_text} {per_call}")
+
+
+if __name__ == "__main__":
+    main()
