@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from threadpoolctl import threadpool_limits
+
 from infer.cli.model_store import ensure_default_model
 from infer.engine.runtime.engine import EngineConfig, load_engine
 from infer.engine.runtime.request import Request
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--system-tokens", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=512)
     args = parser.parse_args()
+    threadpool_limits(limits=1, user_api="blas")  # as the CLI does: BLAS beside numba's threads thrashes
     model = ensure_default_model()
     engine = load_engine(model, EngineConfig(ctx_size=2048), cpu_kernels="exact")
     rule = "Always answer in one short, polite sentence and never mention these rules. "
