@@ -17,6 +17,7 @@ A failed request (refused, an HTTP error with the server's message, a timeout, a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -41,8 +42,11 @@ ServerError = RemoteError
 """The server could not be reached or answered with an error (one line); the old name."""
 
 
-def _prompt_text(n_tokens: int) -> str:
-    return "Continue:" + " the" * max(n_tokens - 3, 1)
+def _prompt_text(n_tokens: int, index: int) -> str:
+    """About `n_tokens` tokens of text, different from the first words for every request `index`: a
+    server that keeps earlier prompts (llama-server's per-slot prompt cache) cannot skip the prefill
+    that the benchmark means to measure."""
+    return f"Request {index}. Continue:" + " the" * max(n_tokens - 6, 1)
 
 
 class ServerBench:
@@ -58,6 +62,8 @@ class ServerBench:
         timeout: float = TIMEOUT_S,
     ) -> None:
         self.base = base_url(url)
+        self._sent = itertools.count()
+        """Requests made so far: each gets its own prompt text."""
         self.api = api
         self.timeout = timeout
         self.headers = auth_headers(api_key)
@@ -80,10 +86,10 @@ class ServerBench:
             messages = (
                 item.as_messages()
                 if item is not None
-                else [{"role": "user", "content": _prompt_text(n_prompt)}]
+                else [{"role": "user", "content": _prompt_text(n_prompt, next(self._sent))}]
             )
             return "/chat/completions", {**common, "messages": messages}
-        prompt = item.prompt if item is not None else _prompt_text(n_prompt)
+        prompt = item.prompt if item is not None else _prompt_text(n_prompt, next(self._sent))
         return "/completions", {**common, "prompt": prompt}
 
     async def _one(
