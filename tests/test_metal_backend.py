@@ -102,7 +102,9 @@ def test_reference_parity_on_the_default_model(default_model_path: Path, transfo
 def test_generate_with_the_metal_profile_and_strict_backend(tiny_gguf: Path) -> None:
     """`--profile metal --strict-backend` runs on MLX (float16, the profile's dtype) with no fallback."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
+    # The profile samples (random seed); a tiny random model may draw EOS early: run the full length.
     args = ["generate", "--profile", "metal", "--strict-backend", "-m", str(tiny_gguf), "-n", "6", "--json"]
+    args += ["--ignore-eos"]
     proc = subprocess.run(
         [sys.executable, "-c", "from infer.cli.main import main; main()", *args, "hello"],
         capture_output=True,
