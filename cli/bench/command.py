@@ -20,7 +20,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -46,7 +46,7 @@ from infer.cli.options import fail, resolve_or_fail, shared_flags
 from infer.cli.runtime import STDERR, counting_progress, open_engine
 from infer.cli.server_client import API_KEY_ENV, api_key_from
 from infer.engine.runtime.engine import Engine
-from infer.engine.runtime.events import DoneEvent, TokenEvent
+from infer.engine.runtime.events import DoneEvent, Event, TokenEvent
 from infer.engine.runtime.request import Request, RequestError
 from infer.profiles.backend_choice import choose_backend
 from infer.profiles.requests import build_request
@@ -103,7 +103,14 @@ class PromptMaker:
 def trace_request(engine: Engine, request: Request) -> Trace:
     """Submit and consume one request in this thread, timestamping every token."""
     trace = Trace(time.perf_counter(), prompt_tokens=len(request.prompt_ids))
-    for event in engine.submit(request):
+    record_events(trace, engine.submit(request))
+    return trace
+
+
+def record_events(trace: Trace, events: Iterable[Event]) -> None:
+    """Consume a request's events into `trace`: each token's arrival time, then what its DoneEvent
+    reports (error, speculation counters, device draws, prefix-cache reuse)."""
+    for event in events:
         if isinstance(event, TokenEvent):
             trace.token_times.append(time.perf_counter())
         elif isinstance(event, DoneEvent):
@@ -112,7 +119,6 @@ def trace_request(engine: Engine, request: Request) -> Trace:
             trace.counters = dict(event.counters)
             trace.sampled_on_device = event.sampled_on_device
             trace.cached_prompt_tokens = event.usage.cached_prompt_tokens
-    return trace
 
 
 class EngineBench:
@@ -159,16 +165,7 @@ class EngineBench:
         engine.start()  # after every submit, so the first step already sees the whole batch
 
         def consume(index: int) -> None:
-            trace = traces[index]
-            for event in streams[index]:
-                if isinstance(event, TokenEvent):
-                    trace.token_times.append(time.perf_counter())
-                elif isinstance(event, DoneEvent):
-                    trace.done = time.perf_counter()
-                    trace.error = event.error
-                    trace.counters = dict(event.counters)
-                    trace.sampled_on_device = event.sampled_on_device
-                    trace.cached_prompt_tokens = event.usage.cached_prompt_tokens
+            record_events(traces[index], streams[index])
 
         threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(concurrency)]
         for thread in threads:
