@@ -193,12 +193,13 @@ class Gemma3Family:
             else:
                 layer_types = tuple(str(t) for t in types)
             rope_theta, rope_scaling = hf_rope(raw, 1_000_000.0, "full_attention")
-            local_base, local_scaling = hf_rope(
-                {"rope_theta": raw.get("rope_local_base_freq", DEFAULT_LOCAL_ROPE_BASE)}
-                | ({"rope_parameters": raw["rope_parameters"]} if "rope_parameters" in raw else {}),
-                DEFAULT_LOCAL_ROPE_BASE,
-                "sliding_attention",
-            )
+            # The sliding layers' RoPE: transformers 5 gives it under rope_parameters; transformers 4
+            # only its base (rope_local_base_freq), and its rope_scaling is the global layers' alone,
+            # so that must not reach this call.
+            local = {"rope_theta": raw.get("rope_local_base_freq", DEFAULT_LOCAL_ROPE_BASE)}
+            if "rope_parameters" in raw:
+                local["rope_parameters"] = raw["rope_parameters"]
+            local_base, local_scaling = hf_rope(local, DEFAULT_LOCAL_ROPE_BASE, "sliding_attention")
             if local_scaling:  # the model scales the global layers only
                 raise ValueError(f"RoPE scaling on the sliding layers is not supported: {local_scaling}")
             caps = {
