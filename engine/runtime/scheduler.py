@@ -135,22 +135,21 @@ class Scheduler:
         if self.budget is None or not self.budget.bounded:
             return True
         need = self._positions(sequence)
-        while True:
-            held = sum(self._reserved.values())
-            kept = self.prefix_cache.kept_positions if self.prefix_cache is not None else 0
-            if self.budget.fits(held + kept, need):
-                return True
-            if not kept or self.prefix_cache is None:
+        while not self.budget.fits(self._held_positions(), need):
+            if self.prefix_cache is None or not self.prefix_cache.kept_slots:
                 return False
             self.prefix_cache.evict_oldest()
+        return True
+
+    def _held_positions(self) -> int:
+        """Positions set aside for the running sequences plus those the kept prefixes hold."""
+        kept = self.prefix_cache.kept_positions if self.prefix_cache is not None else 0
+        return sum(self._reserved.values()) + kept
 
     @property
     def reserved_bytes(self) -> int:
         """KV bytes set aside for the running sequences and held by kept prefixes."""
-        if self.budget is None:
-            return 0
-        kept = self.prefix_cache.kept_positions if self.prefix_cache is not None else 0
-        return self.budget.bytes_for(sum(self._reserved.values()) + kept)
+        return 0 if self.budget is None else self.budget.bytes_for(self._held_positions())
 
     def schedule(self) -> list[ScheduledWork]:
         """This step's work: decode rows first, then prefill chunks in arrival order."""
