@@ -84,3 +84,47 @@ def test_kernel_mode_attention_agrees_with_blas_and_keeps_decode_rows_invariant(
     verify_second_row = 3 + 1
     decoded = kernels.attention(q[verify_second_row : verify_second_row + 1], cache, 0, decode_plan)
     assert (decoded[0] == got[verify_second_row]).all()
+
+
+def run_reference(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, window: int | None
+) -> np.ndarray:
+    """A prefill run in float64: row t at position start + t sees positions (p - window, p]."""
+    length, heads, _ = q.shape
+    group = heads // keys.shape[0]
+    out = np.empty(q.shape, dtype=np.float64)
+    for t in range(length):
+        position = start + t
+        first = 0 if window is None else max(0, position + 1 - window)
+        for head in range(heads):
+            k = keys[head // group, first : position + 1].astype(np.float64)
+            v = values[head // group, first : position + 1].astype(np.float64)
+            scores = k @ q[t, head].astype(np.float64)
+            weights = np.exp(scores - scores.max())
+            out[t, head] = weights @ v / weights.sum()
+    return out
+
+
+@pytest.mark.parametrize(("start", "length", "window"), [(0, 150, None), (37, 130, None), (20, 140, 48)])
+def test_prefill_run_blocks_match_float64_on_any_thread_count(
+    start: int, length: int, window: int | None
+) -> None:
+    """The blocked prefill attention (causal and sliding-window, a run starting past 0, a last block
+    shorter than BLOCK_ROWS) against float64, and the same bits with a thread pool as without."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from infer.engine.backends.cpu_kernels.prefill_attention import BLOCK_ROWS, run_attention
+
+    assert length % BLOCK_ROWS and length > BLOCK_ROWS
+    rng = np.random.default_rng(start)
+    kv_heads, heads, head_dim = 3, 9, 64
+    keys = rng.standard_normal((kv_heads, start + length + 5, head_dim)).astype(np.float32)
+    values = rng.standard_normal((kv_heads, start + length + 5, head_dim)).astype(np.float32)
+    q = (rng.standard_normal((length, heads, head_dim)) * 0.3).astype(np.float32)
+    serial = np.full_like(q, np.nan)
+    run_attention(q, keys, values, start, window, serial, None)
+    np.testing.assert_allclose(serial, run_reference(q, keys, values, start, window), rtol=1e-4, atol=2e-5)
+    with ThreadPoolExecutor(2) as pool:
+        pooled = np.full_like(q, np.nan)
+        run_attention(q, keys, values, start, window, pooled, pool)
+    assert (pooled == serial).all()

@@ -6,6 +6,7 @@ import ctypes
 import math
 import mmap
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
 from typing import ClassVar
@@ -161,16 +162,19 @@ class CpuBackend:
         if kernels == "blas":
             kernel_table = {}
         else:
-            from infer.engine.backends.cpu_kernels import attention, rowops
+            from infer.engine.backends.cpu_kernels import attention, prefill_attention, rowops
 
             self._rowops = rowops
             self._row_attention = attention.window_row_attention
+            self._run_attention = prefill_attention.run_attention
             if kernel_table is None:
                 from infer.engine.backends.cpu_kernels import KERNELS
 
                 kernel_table = KERNELS
         self._kernels: Mapping[str, QuantKernels] = kernel_table
         self._ones: dict[int, np.ndarray] = {}
+        self._pools: dict[int, ThreadPoolExecutor] = {}
+        """Thread pools for prefill attention blocks, by thread count (kernel modes)."""
         """float32 ones per width: the RMSNorm kernel's weight when a norm has none (x * 1 == x)."""
 
     @property
@@ -515,10 +519,27 @@ class CpuBackend:
         short = plan.short_rows(KERNEL_ROWS)
         if short.rows.size:
             self._row_attention(q, keys, values, short.rows, short.slots, short.first, short.visible, out)
+        pool = self._block_pool()
         for run in plan.prefill:
             if run.length > KERNEL_ROWS:
-                self._prefill_attention(q, keys, values, run, out, plan.window)
+                rows = slice(run.row, run.row + run.length)
+                self._run_attention(
+                    q[rows], keys[run.slot], values[run.slot], run.start, plan.window, out[rows], pool
+                )
         return out
+
+    def _block_pool(self) -> ThreadPoolExecutor | None:
+        """The threads that share a long prefill run's attention blocks: as many as numba's kernels
+        use now (the adaptive thread count may lower it under load); None for one."""
+        import numba
+
+        count = numba.get_num_threads()
+        if count <= 1:
+            return None
+        pool = self._pools.get(count)
+        if pool is None:
+            pool = self._pools[count] = ThreadPoolExecutor(count, thread_name_prefix="infer-attention")
+        return pool
 
     def _prefill_attention(
         self,
