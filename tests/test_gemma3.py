@@ -20,7 +20,8 @@ pytest_plugins = ["conftest_synthetic"]
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
 PROMPT = [5, 40, 77, 101, 9, 250, 31, 64, 12, 300, 7, 88, 190, 45, 66, 23, 120, 14, 99, 3, 210, 55]
-"""22 tokens: past the window of 5 many times over, and past KERNEL_ROWS (16) as one prefill run."""
+"""22 tokens: past the window of 5 many times over, and past KERNEL_ROWS (16) as one prefill run (the
+matmuls' row groups; its attention takes the row kernel, up to ROW_ATTENTION_ROWS)."""
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,17 @@ def test_prefill_in_one_run_matches_reference(tiny: TinyGemma3, kernels: str) ->
     model = build_model(load_checkpoint(tiny.gguf_path), CpuBackend(kernels=kernels))
     got = _forward(model, model.make_cache(1, 64), [(0, 0, PROMPT)])
     np.testing.assert_allclose(got, reference_logits(tiny, PROMPT), atol=2e-4, rtol=1e-4)
+
+
+def test_long_prefill_run_attends_in_windowed_blocks(tiny: TinyGemma3) -> None:
+    """A run longer than ROW_ATTENTION_ROWS takes the blocked prefill attention (sliding and global
+    layers), and still matches the reference."""
+    from infer.engine.backends.cpu import ROW_ATTENTION_ROWS
+
+    prompt = [(7 * i + 3) % 300 + 1 for i in range(ROW_ATTENTION_ROWS + 20)]
+    model = build_model(load_checkpoint(tiny.gguf_path), CpuBackend(kernels="exact"))
+    got = _forward(model, model.make_cache(1, len(prompt)), [(0, 0, prompt)])
+    np.testing.assert_allclose(got, reference_logits(tiny, prompt), atol=2e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kernels", ["exact", "blas"])

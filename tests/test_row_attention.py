@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from infer.engine.backends.attention import AttentionPlan
-from infer.engine.backends.cpu import KERNEL_ROWS, CpuBackend
+from infer.engine.backends.cpu import ROW_ATTENTION_ROWS, CpuBackend
 from infer.engine.backends.cpu_kernels.attention import row_attention
 from infer.engine.backends.kv_cache import KVCache
 
@@ -62,12 +62,12 @@ def _cache(rng: np.random.Generator, slots: int, capacity: int) -> KVCache:
 
 def test_kernel_mode_attention_agrees_with_blas_and_keeps_decode_rows_invariant() -> None:
     rng = np.random.default_rng(1)
-    cache = _cache(rng, 6, 64)
+    cache = _cache(rng, 6, ROW_ATTENTION_ROWS + 8)
     kernels, blas = CpuBackend(kernels="exact", kernel_table={}), CpuBackend(kernels="blas")
-    # Three decode rows, a 4-row verify run and a prefill run longer than KERNEL_ROWS.
+    # Three decode rows, a 4-row verify run and a prefill run that attends in blocks.
     slots = np.asarray([0, 2, 5, 1, 3], dtype=np.int64)
     starts = np.asarray([9, 30, 3, 12, 0], dtype=np.int64)
-    lengths = np.asarray([1, 1, 1, 4, KERNEL_ROWS + 3], dtype=np.int64)
+    lengths = np.asarray([1, 1, 1, 4, ROW_ATTENTION_ROWS + 3], dtype=np.int64)
     plan = AttentionPlan.build(slots, starts, lengths)
     q = rng.standard_normal((int(lengths.sum()), 4, 32)).astype(np.float32)
     got = kernels.attention(q, cache, 0, plan)

@@ -103,6 +103,13 @@ KERNEL_ROWS = 16
 """Rows of x per kernel call. Kernels give each row the same bits whatever the rows beside it, so a
 longer x runs as consecutive groups of this many rows with no change to any row's result."""
 
+ROW_ATTENTION_ROWS = 128
+"""Longest run of one sequence whose rows attend through the row kernel in the kernel modes; longer
+prefill runs attend in causal blocks on a thread pool (cpu_kernels/prefill_attention.py). Measured on
+2 cores: the blocks' fixed cost (~100 us a run) loses below 128 rows (17 rows: 127 us against 10), the
+row kernel's square work loses above (256 rows: 1.4 ms against 0.8). Every decode and verify row is
+far below it, so they always take the row kernel."""
+
 
 @dataclass(frozen=True)
 class DenseWeight:
@@ -490,9 +497,10 @@ class CpuBackend:
         """Grouped-query attention of every row against its own sequence's cached keys/values.
 
         With BLAS: decode rows in one batched matmul, each prefill run on its own. With kernels: every
-        row of a sequence bringing at most KERNEL_ROWS rows (decode, verifying drafts) through the
-        row kernel, whose result never depends on the batch; longer prefill runs through BLAS, each
-        on its own (chunk boundaries are fixed, so a prompt's cache is the same under any load)."""
+        row of a sequence bringing at most ROW_ATTENTION_ROWS rows (decode, verifying drafts, short
+        prefill runs) through the row kernel, whose result never depends on the batch; longer prefill
+        runs in causal blocks, each on its own (chunk boundaries are fixed, so a prompt's cache is the
+        same under any load)."""
         keys, values = cache.keys[layer], cache.values[layer]
         if self.kernel_mode != "blas":
             return self._kernel_attention(q, keys, values, plan)
@@ -516,12 +524,12 @@ class CpuBackend:
     ) -> np.ndarray:
         q = np.ascontiguousarray(q)
         out = np.empty_like(q)
-        short = plan.short_rows(KERNEL_ROWS)
+        short = plan.short_rows(ROW_ATTENTION_ROWS)
         if short.rows.size:
             self._row_attention(q, keys, values, short.rows, short.slots, short.first, short.visible, out)
         pool = self._block_pool()
         for run in plan.prefill:
-            if run.length > KERNEL_ROWS:
+            if run.length > ROW_ATTENTION_ROWS:
                 rows = slice(run.row, run.row + run.length)
                 self._run_attention(
                     q[rows], keys[run.slot], values[run.slot], run.start, plan.window, out[rows], pool
