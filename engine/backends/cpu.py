@@ -164,6 +164,8 @@ class CpuBackend:
         self.kernel_mode = kernels
         """exact, int8 or blas (see KERNEL_MODES)."""
         self._rowops: ModuleType | None = None
+        self._quantize: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+        """quantize_activations in the `int8` mode, else None."""
         """The numba row ops (cpu_kernels/rowops.py) in the kernel modes; None with `blas`, which
         imports no numba and keeps the numpy formulas."""
         if kernels == "blas":
@@ -174,6 +176,10 @@ class CpuBackend:
             self._rowops = rowops
             self._row_attention = attention.window_row_attention
             self._run_attention = prefill_attention.run_attention
+            if kernels == "int8":
+                from infer.engine.backends.cpu_kernels import quantize_activations
+
+                self._quantize = quantize_activations
             if kernel_table is None:
                 from infer.engine.backends.cpu_kernels import KERNELS
 
@@ -239,13 +245,22 @@ class CpuBackend:
         they are contiguous (one row), else through a temporary."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         rows = x.shape[0]
+        if rows <= KERNEL_ROWS and isinstance(weight, BlockWeight):
+            # The decode and verify case, one kernel call: this path runs ~120 times a token, where
+            # the general loop's bookkeeping cost a few percent of a batch-1 step.
+            out = np.empty((rows, weight.shape[0]), dtype=np.float32)
+            kernels = weight.kernels
+            if self._quantize is not None and kernels.matmul_int8 is not None:
+                xq, xs = self._quantize(x)
+                kernels.matmul_int8(weight.blocks, xq, xs, out)
+            else:
+                kernels.matmul_exact(weight.blocks, x, out)
+            return out
         parts = weight.parts if isinstance(weight, StackedWeight) else (weight,)
         out = np.empty((rows, weight.shape[0]), dtype=np.float32)
-        int8 = self.kernel_mode == "int8" and all(p.kernels.matmul_int8 is not None for p in parts)
+        int8 = self._quantize is not None and all(p.kernels.matmul_int8 is not None for p in parts)
         if int8:
-            from infer.engine.backends.cpu_kernels import quantize_activations
-
-            xq, xs = quantize_activations(x)
+            xq, xs = self._quantize(x)
         for lo in range(0, rows, KERNEL_ROWS):
             hi = min(lo + KERNEL_ROWS, rows)
             column = 0
