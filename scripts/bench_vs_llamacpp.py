@@ -2,6 +2,7 @@
 
 Usage: python scripts/bench_vs_llamacpp.py [--threads N] [--model PATH] [--repetitions R]
            [--infer-args "--profile X ..."] [--llamacpp-args "--poll 0"] [--decode-target X]
+           [--infer-temp T]
            [--cache DIR] [--llamacpp-version V] [--json]
 
 Builds llama.cpp's `llama-bench` and `llama-batched-bench` from the `llama-cpp-python` sdist into a
@@ -16,6 +17,10 @@ flags match), then measures, each llama.cpp figure right beside its infer counte
                     -npl 1, both with a 4096-token context (RSS of the child from wait4)
   warm start-up     wall time of `infer generate -n 1`, second run; llama.cpp: llama-batched-bench
                     -npp 8 -ntg 1 -npl 1, second run (for scale only: the target is absolute)
+llama-bench and llama-batched-bench never sample: they feed a fixed or random token back and only run
+the model. infer must draw its next token, so its three throughput runs draw the cheapest way, greedily
+(`--temp 0`: one argmax per row); `--infer-temp 0.8` runs them with the full default sampler chain
+instead (top-k 40, top-p, min-p, a seeded draw: ~0.06 ms a token on the 2-core machine) and prints it.
 `--infer-args` are appended to every infer command, so the same script compares kernel modes; the
 batch-1 decode target is 1.3x when they mention int8, else 1.0x (`--decode-target` overrides).
 The 1-minute load average is recorded at each stage and printed: on a shared machine llama.cpp's
@@ -243,6 +248,8 @@ class Setup:
     repetitions: int
     infer_args: list[str]
     llamacpp_args: list[str]
+    infer_temp: float = 0.0
+    """infer's sampling temperature in its throughput runs (see the module docstring)."""
 
     def infer(self, *args: str) -> list[str]:
         """An `infer` command line on the model with the thread count and the pass-through args."""
@@ -250,7 +257,9 @@ class Setup:
 
     def infer_bench(self, *args: str) -> dict[str, Any]:
         """`infer bench ... --json`, parsed."""
-        done = run(self.infer("bench", *args, "-r", str(self.repetitions), "--json"), "infer bench")
+        sampling = ("--temp", str(self.infer_temp))
+        command = self.infer("bench", *args, "-r", str(self.repetitions), *sampling, "--json")
+        done = run(command, "infer bench")
         return json.loads(done.stdout)
 
     def llama_bench(self, *args: str) -> dict[str, float]:
@@ -355,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llamacpp-version", default=None, help="llama-cpp-python sdist version")
     ap.add_argument("--jobs", type=int, default=2, help="build parallelism")
     ap.add_argument("--json", action="store_true", help="JSON on stdout instead of the table")
+    ap.add_argument(
+        "--infer-temp", type=float, default=0.0, help="infer's temperature in the throughput runs (0: argmax)"
+    )
     args = ap.parse_args(argv)
 
     def say(line: str) -> None:
@@ -369,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"built llama.cpp {bins.version} in {bins.build_seconds:.0f} s")
         model = args.model or default_model()
         llamacpp_args = shlex.split(args.llamacpp_args)
-        setup = Setup(bins, model, args.threads, args.repetitions, infer_args, llamacpp_args)
+        setup = Setup(bins, model, args.threads, args.repetitions, infer_args, llamacpp_args, args.infer_temp)
         figures, extra = measure(setup, target, mode, say)
     except (BuildError, RunError) as exc:
         print(f"bench_vs_llamacpp: {exc}", file=sys.stderr)
@@ -379,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": str(model),
             "threads": args.threads,
             "infer_args": infer_args,
+            "infer_temp": args.infer_temp,
             "llamacpp_args": llamacpp_args,
             "llamacpp": {
                 "version": bins.version,
@@ -395,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model {model.name}, {args.threads} threads, {source}")
         if infer_args:
             print(f"infer args: {shlex.join(infer_args)}")
+        chain = f"temperature {args.infer_temp:g}, the default chain"
+        sampling = "greedy (argmax)" if args.infer_temp == 0 else chain
+        print(f"infer samples {sampling}; llama-bench and llama-batched-bench do not sample")
         if llamacpp_args:
             print(f"llama.cpp args: {shlex.join(llamacpp_args)}")
         print(render_table(figures))
