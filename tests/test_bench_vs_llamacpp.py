@@ -404,3 +404,25 @@ def test_main_prints_the_table_or_json_from_measured_figures(
     report = json.loads(capsys.readouterr().out)
     assert report["threads"] == 2 and report["llamacpp"]["version"] == "0.3.36"
     assert report["figures"][0]["ratio"] == pytest.approx(1.3) and report["figures"][0]["passed"] is True
+
+
+def test_infer_bench_draws_greedily_unless_told_a_temperature(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """llama-bench and llama-batched-bench never sample, so infer's throughput runs draw by argmax
+    (--temp 0) by default; --infer-temp puts the sampler chain back."""
+    bins = lb.Binaries(tmp_path / "llama-bench", tmp_path / "llama-batched-bench", "0.3.36", {}, 0.0)
+    commands: list[list[str]] = []
+
+    class Done:
+        stdout = '{"results": []}'
+
+    def fake_run(command: list[str], what: str) -> Done:
+        commands.append(command)
+        return Done()
+
+    monkeypatch.setattr(bvl, "run", fake_run)
+    bvl.Setup(bins, tmp_path / "m.gguf", 2, 1, [], []).infer_bench("-p", "512")
+    bvl.Setup(bins, tmp_path / "m.gguf", 2, 1, [], [], 0.8).infer_bench("-p", "512")
+    temps = [command[command.index("--temp") + 1] for command in commands]
+    assert temps == ["0.0", "0.8"]
