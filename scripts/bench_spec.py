@@ -12,6 +12,12 @@ and the ratio is taken from the summed decode times, so drift in the machine's s
 weighs on both sides alike. Speculation comes from the profile's `speculative:`
 section (cpu-fast: prompt lookup) or the --spec-* flags; the tokens are checked to be identical.
 Decode tok/s = (completion tokens - 1) / time from the first token to the last.
+
+The "oracle t/step" column bounds what any drafter could do on the task: replayed on the greedy output,
+an oracle that sees the answer picks, among every earlier occurrence of the last ngram_min..ngram_max
+tokens, the one whose continuation matches longest, and verifies up to num_tokens drafts a step; the
+column is the tokens it gains per verify step. Against scripts/bench_verify_cost.py's cost of a verify
+step, it caps the speed-up prompt lookup can reach with this model.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from infer.cli.runtime import open_engine
 from infer.engine.runtime.engine import Engine
@@ -135,9 +144,37 @@ class Side:
         return self.tokens / self.decode_s if self.decode_s else 0.0
 
 
+def oracle_tokens_per_step(prompt: Sequence[int], output: Sequence[int], k: int, ngram: range) -> float:
+    """Tokens per verify step of an oracle drafter replayed on `output` (see the module docstring):
+    each step gains the longest match of its up-to-k drafts with the answer, plus the target's token."""
+    context = np.asarray([*prompt, *output], dtype=np.int64)
+    answer = context[len(prompt) :]
+    done = steps = 0
+    while done < len(answer):
+        end = len(prompt) + done  # the context the step drafts from: context[:end]
+        best = 0
+        for n in ngram:
+            if n >= end:
+                continue
+            windows = np.lib.stride_tricks.sliding_window_view(context[: end - 1], n)
+            for start in np.flatnonzero((windows == context[end - n : end]).all(axis=1)):
+                follow = context[start + n : min(start + n + k, end)]
+                want = answer[done : done + len(follow)]
+                match = int(np.argmin(np.append(follow[: len(want)] == want, False)))
+                best = max(best, match)
+        done += best + 1
+        steps += 1
+    return len(answer) / steps if steps else 0.0
+
+
+def chat_ids(engine: Engine, text: str) -> list[int]:
+    """The prompt ids of a one-message chat."""
+    return list(prompt_ids(engine.tokenizer, messages=[{"role": "user", "content": text}], chat=True))
+
+
 def run(engine: Engine, settings: Settings, text: str, speculate: bool) -> DoneEvent:
     """One greedy chat request, speculation as the settings say or off."""
-    ids = prompt_ids(engine.tokenizer, messages=[{"role": "user", "content": text}], chat=True)
+    ids = chat_ids(engine, text)
     spec = spec_config(settings) if speculate else None
     return engine.generate(build_request(ids, settings, ignore_eos=False, spec=spec)).done
 
@@ -182,6 +219,9 @@ def main() -> None:
         if off.token_ids != on.token_ids:
             sys.exit(f"bench_spec: {name}: speculation changed the tokens")
         stats = summary(on.counters or {}) or {}
+        spec = spec_config(settings)
+        ngram = range(spec.ngram_max, spec.ngram_min - 1, -1) if spec else range(0)
+        oracle = oracle_tokens_per_step(chat_ids(engine, text), on.token_ids or (), spec.num_tokens, ngram)
         rows.append(
             {
                 "task": name,
@@ -193,6 +233,7 @@ def main() -> None:
                 "acceptance_rate": stats.get("acceptance_rate"),
                 "mean_accepted_length": stats.get("mean_accepted_length"),
                 "drafts": stats.get("drafts"),
+                "oracle_tokens_per_step": round(oracle, 2),
             }
         )
     header = {
@@ -208,12 +249,13 @@ def main() -> None:
         f"profile {header['profile']}, cpu_kernels {header['cpu_kernels']}, speculation {header['spec']}, "
         f"n_predict {args.n_predict}"
     )
-    titles = ("tokens", "off t/s", "on t/s", "ratio", "accept", "mean len")
+    titles = ("tokens", "off t/s", "on t/s", "ratio", "accept", "mean len", "oracle t/step")
     print(f"{'task':<16} " + " ".join(f"{t:>8}" for t in titles))
     for r in rows:
         print(
             f"{r['task']:<16} {r['tokens']:>8} {r['off_tok_s']:>8.2f} {r['on_tok_s']:>8.2f} "
-            f"{r['ratio']:>8.2f} {r['acceptance_rate']:>8.0%} {r['mean_accepted_length']:>8.2f}"
+            f"{r['ratio']:>8.2f} {r['acceptance_rate']:>8.0%} {r['mean_accepted_length']:>8.2f} "
+            f"{r['oracle_tokens_per_step']:>13.2f}"
         )
 
 
