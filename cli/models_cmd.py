@@ -73,15 +73,26 @@ def list_models(as_json: Annotated[bool, typer.Option("--json", help="JSON for s
 
 
 def _remove_hub_file(name: str) -> Path:
-    """Remove a hub GGUF from the hub cache: its snapshot link and the blob it points to."""
-    for listed, path, _ in cached_hub_models():
-        if listed == name:
-            blob = path.resolve()
-            path.unlink()
-            if blob != path and blob.exists():
-                blob.unlink()
-            return path
-    raise ModelStoreError(f"no cached model {name!r} (see `infer models list`)")
+    """Remove a hub GGUF from the hub cache: its snapshot link in every cached revision, and each blob
+    they pointed to that no other snapshot file still links to (huggingface_hub stores identical bytes
+    once: two files of a repo, or one file in two revisions, can share a blob)."""
+    paths = [path for listed, path, _ in cached_hub_models() if listed == name]
+    if not paths:
+        raise ModelStoreError(f"no cached model {name!r} (see `infer models list`)")
+    blobs = {path.resolve() for path in paths}
+    for path in paths:
+        path.unlink()
+    for blob in blobs:
+        if blob not in paths and blob.exists() and not _linked_elsewhere(blob):
+            blob.unlink()
+    return paths[0]
+
+
+def _linked_elsewhere(blob: Path) -> bool:
+    """Whether a snapshot file of the blob's repo (any revision, any file) still links to it: links to
+    a blob only come from its own repo folder (<repo>/blobs/<hash>, <repo>/snapshots/<rev>/...)."""
+    snapshots = blob.parent.parent / "snapshots"
+    return any(link.is_symlink() and link.resolve() == blob for link in snapshots.rglob("*"))
 
 
 @models_app.command("rm", cls=PanelCommand)

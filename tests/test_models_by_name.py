@@ -84,6 +84,24 @@ def test_pull_from_the_hub_then_generate_list_and_remove(
     assert name not in [row["name"] for row in json.loads(infer("models", "list", "--json", env=env).stdout)]
 
 
+def test_removing_one_hub_file_keeps_a_blob_another_file_shares(env: dict[str, str], tiny_gguf: Path) -> None:
+    """owner/two's a.gguf and b.gguf have the same bytes, so huggingface_hub keeps one blob behind two
+    snapshot links: removing a.gguf must leave b.gguf whole, and removing b.gguf then frees the blob."""
+    pulled = [infer("models", "pull", f"hf://owner/two/{f}", env=env) for f in ("a.gguf", "b.gguf")]
+    assert all(p.returncode == 0 for p in pulled), [p.stderr for p in pulled]
+    a_path, b_path = (Path(p.stdout.strip()) for p in pulled)
+    blob = b_path.resolve()
+    assert a_path.resolve() == blob and blob != b_path  # one blob, two links
+
+    assert infer("models", "rm", "hf://owner/two/a.gguf", env=env).returncode == 0
+    assert not a_path.exists() and b_path.read_bytes() == tiny_gguf.read_bytes()
+    names = [row["name"] for row in json.loads(infer("models", "list", "--json", env=env).stdout)]
+    assert "hf://owner/two/a.gguf" not in names and "hf://owner/two/b.gguf" in names
+
+    assert infer("models", "rm", "hf://owner/two/b.gguf", env=env).returncode == 0
+    assert not b_path.exists() and not blob.exists()
+
+
 def test_hub_errors_are_one_line(env: dict[str, str]) -> None:
     _one_error_line(infer("models", "pull", "hf://owner/two", env=env), "2 GGUF files", "a.gguf, b.gguf")
     _one_error_line(infer("models", "pull", "hf://owner/none", env=env), "no GGUF")
