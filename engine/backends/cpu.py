@@ -164,10 +164,10 @@ class CpuBackend:
         self.kernel_mode = kernels
         """exact, int8 or blas (see KERNEL_MODES)."""
         self._rowops: ModuleType | None = None
-        self._quantize: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
-        """quantize_activations in the `int8` mode, else None."""
         """The numba row ops (cpu_kernels/rowops.py) in the kernel modes; None with `blas`, which
         imports no numba and keeps the numpy formulas."""
+        self._quantize: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+        """quantize_activations in the `int8` mode, else None."""
         if kernels == "blas":
             kernel_table = {}
         else:
@@ -186,9 +186,9 @@ class CpuBackend:
                 kernel_table = KERNELS
         self._kernels: Mapping[str, QuantKernels] = kernel_table
         self._ones: dict[int, np.ndarray] = {}
+        """float32 ones per width: the RMSNorm kernel's weight when a norm has none (x * 1 == x)."""
         self._pools: dict[int, ThreadPoolExecutor] = {}
         """Thread pools for prefill attention blocks, by thread count (kernel modes)."""
-        """float32 ones per width: the RMSNorm kernel's weight when a norm has none (x * 1 == x)."""
 
     @property
     def block_formats(self) -> frozenset[str]:
@@ -542,12 +542,17 @@ class CpuBackend:
         short = plan.short_rows(ROW_ATTENTION_ROWS)
         if short.rows.size:
             self._row_attention(q, keys, values, short.rows, short.slots, short.first, short.visible, out)
-        pool = self._block_pool()
         for run in plan.prefill:
             if run.length > ROW_ATTENTION_ROWS:
                 rows = slice(run.row, run.row + run.length)
                 self._run_attention(
-                    q[rows], keys[run.slot], values[run.slot], run.start, plan.window, out[rows], pool
+                    q[rows],
+                    keys[run.slot],
+                    values[run.slot],
+                    run.start,
+                    plan.window,
+                    out[rows],
+                    self._block_pool(),
                 )
         return out
 

@@ -6,8 +6,12 @@ and the weighted sum of values walk the positions in order. So a decode row, a r
 the same row recomputed alone give the same bits whatever else is in the batch (batched BLAS over padded
 widths cannot promise that: its blocking, and so its summation order, follows the batch's shape).
 
+The weighted sum of values is an LLVM intrinsic (`weighted_rows_64/16`) that keeps the sums in vector
+registers through the position loop, with the plain loop's arithmetic (mul, then add, per position).
+
 numba's cache tracks only the source file of the cached function: after editing rowops.exp_f32, which
-the softmax inlines, touch this file so the kernel is recompiled.
+the softmax inlines, or simd.py's load_vec and splat, which the weighted sum emits, touch this file so
+the kernel is recompiled.
 """
 
 from __future__ import annotations
