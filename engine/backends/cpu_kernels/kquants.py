@@ -27,6 +27,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from infer.engine.backends.cpu_kernels import kquants_simd
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
 
 QK_K = 256
@@ -66,32 +67,44 @@ def _half(lo: int, hi: int) -> np.float32:
     return v
 
 
-@njit(cache=True)
-def _scales_mins(row: np.ndarray, off: int, ds: np.ndarray, dm: np.ndarray) -> None:
-    """Q4_K/Q5_K: ds[j] = d * sc[j], dm[j] = dmin * m[j] (float32, rounded as gguf does) for the eight
-    sub-blocks of the super-block at byte `off`."""
-    d = _half(row[off], row[off + 1])
-    dmin = _half(row[off + 2], row[off + 3])
+@njit(cache=True, inline="always")
+def _scales_mins_at(row: np.ndarray, off: int, ds: np.ndarray, dm: np.ndarray, at: int) -> None:
+    """Q4_K/Q5_K: ds[at + j] = d * sc[j], dm[at + j] = dmin * m[j] (float32, rounded as gguf does) for
+    the eight sub-blocks of the super-block at byte `off`."""
+    d = kquants_simd.half_at(row, off)
+    dmin = kquants_simd.half_at(row, off + 2)
     s = off + 4
     for j in range(4):
-        ds[j] = d * np.float32(row[s + j] & 0x3F)
-        dm[j] = dmin * np.float32(row[s + 4 + j] & 0x3F)
+        ds[at + j] = d * np.float32(row[s + j] & 0x3F)
+        dm[at + j] = dmin * np.float32(row[s + 4 + j] & 0x3F)
     for j in range(4, 8):
         sc = (row[s + j + 4] & 0x0F) | ((row[s + j - 4] >> 6) << 4)
         mn = (row[s + j + 4] >> 4) | ((row[s + j] >> 6) << 4)
-        ds[j] = d * np.float32(sc)
-        dm[j] = dmin * np.float32(mn)
+        ds[at + j] = d * np.float32(sc)
+        dm[at + j] = dmin * np.float32(mn)
+
+
+@njit(cache=True)
+def _scales_mins(row: np.ndarray, off: int, ds: np.ndarray, dm: np.ndarray) -> None:
+    """Q4_K/Q5_K: ds[j] = d * sc[j], dm[j] = dmin * m[j] for the eight sub-blocks at byte `off`."""
+    _scales_mins_at(row, off, ds, dm, 0)
+
+
+@njit(cache=True, inline="always")
+def _scales_q6_at(row: np.ndarray, off: int, ds: np.ndarray, at: int) -> None:
+    """Q6_K: ds[at + k] = d * scale[k] (float32) for the 16 sub-blocks of the super-block at `off`."""
+    d = kquants_simd.half_at(row, off + 208)
+    for k in range(16):
+        sc = np.int32(row[off + 192 + k])
+        if sc >= 128:
+            sc -= 256
+        ds[at + k] = d * np.float32(sc)
 
 
 @njit(cache=True)
 def _scales_q6(row: np.ndarray, off: int, ds: np.ndarray) -> None:
     """Q6_K: ds[k] = d * scale[k] (float32) for the 16 sub-blocks of the super-block at `off`."""
-    d = _half(row[off + 208], row[off + 209])
-    for k in range(16):
-        sc = np.int32(row[off + 192 + k])
-        if sc >= 128:
-            sc -= 256
-        ds[k] = d * np.float32(sc)
+    _scales_q6_at(row, off, ds, 0)
 
 
 # The unpack loops below run over i (a byte position within a group) with all groups of the super-block
@@ -314,6 +327,65 @@ def _matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int) -> No
                 out[b, o] = _vdot(w, x[b], n_in)
 
 
+@njit(cache=True, parallel=True)
+def _q4_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ W.T for Q4_K with the weights decoded in registers (kquants_simd.py), activation rows
+    in groups of 4 sharing each decoded chunk: the same bits as `_matmul` (kind 0), faster."""
+    n_b, n_in = x.shape
+    n_out = blocks.shape[0]
+    n_sb = n_in // QK_K
+    full = n_b - n_b % 4
+    rest = n_b - full
+    for t in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        ds = np.empty(8 * n_sb, np.float32)
+        dm = np.empty(8 * n_sb, np.float32)
+        for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
+            row = blocks[o]
+            for sb in range(n_sb):
+                _scales_mins_at(row, sb * Q4_K_BYTES, ds, dm, 8 * sb)
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q4_k_dot4(
+                    row, ds, dm, x, b
+                )
+            if rest == 1:
+                (out[full, o],) = kquants_simd.q4_k_dot1(row, ds, dm, x, full)
+            elif rest == 2:
+                out[full, o], out[full + 1, o] = kquants_simd.q4_k_dot2(row, ds, dm, x, full)
+            elif rest == 3:
+                out[full, o], out[full + 1, o], out[full + 2, o] = kquants_simd.q4_k_dot3(
+                    row, ds, dm, x, full
+                )
+
+
+@njit(cache=True, parallel=True)
+def _q6_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ W.T for Q6_K with the weights decoded in registers (kquants_simd.py), activation rows
+    in groups of 4 sharing each decoded chunk: the same bits as `_matmul` (kind 2), faster."""
+    n_b, n_in = x.shape
+    n_out = blocks.shape[0]
+    n_sb = n_in // QK_K
+    full = n_b - n_b % 4
+    rest = n_b - full
+    for t in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        ds = np.empty(16 * n_sb, np.float32)
+        for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
+            row = blocks[o]
+            for sb in range(n_sb):
+                _scales_q6_at(row, sb * Q6_K_BYTES, ds, 16 * sb)
+            for b in range(0, full, 4):
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q6_k_dot4(
+                    row, ds, ds, x, b
+                )
+            if rest == 1:
+                (out[full, o],) = kquants_simd.q6_k_dot1(row, ds, ds, x, full)
+            elif rest == 2:
+                out[full, o], out[full + 1, o] = kquants_simd.q6_k_dot2(row, ds, ds, x, full)
+            elif rest == 3:
+                out[full, o], out[full + 1, o], out[full + 2, o] = kquants_simd.q6_k_dot3(
+                    row, ds, ds, x, full
+                )
+
+
 @njit(cache=True)
 def _int8_acts(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
     """xq * xs per 32-block as float32 [B, in]: the activations the int8 contract multiplies."""
@@ -338,7 +410,7 @@ def _int8_acts(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
 def q4_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """Q4_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
     _check(blocks, x.shape[1], Q4_K_BYTES, x.shape[0], out)
-    _matmul(blocks, np.ascontiguousarray(x), out, 0)
+    _q4_k_matmul(blocks, np.ascontiguousarray(x), out)
 
 
 @njit(cache=True)
@@ -352,7 +424,7 @@ def q5_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> Non
 def q6_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """Q6_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
     _check(blocks, x.shape[1], Q6_K_BYTES, x.shape[0], out)
-    _matmul(blocks, np.ascontiguousarray(x), out, 2)
+    _q6_k_matmul(blocks, np.ascontiguousarray(x), out)
 
 
 # The int8 kernels multiply the quantized activations (xq * xs, rounded to float32 once per call) with
@@ -365,7 +437,7 @@ def q6_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> Non
 def q4_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q4_K: out = (xq * xs) @ W.T with activations quantized per 32-block."""
     _check(blocks, xq.shape[1], Q4_K_BYTES, xq.shape[0], out)
-    _matmul(blocks, _int8_acts(xq, xs), out, 0)
+    _q4_k_matmul(blocks, _int8_acts(xq, xs), out)
 
 
 @njit(cache=True)
@@ -379,7 +451,7 @@ def q5_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np
 def q6_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q6_K: out = (xq * xs) @ W.T with activations quantized per 32-block."""
     _check(blocks, xq.shape[1], Q6_K_BYTES, xq.shape[0], out)
-    _matmul(blocks, _int8_acts(xq, xs), out, 2)
+    _q6_k_matmul(blocks, _int8_acts(xq, xs), out)
 
 
 @njit(cache=True, parallel=True)
