@@ -206,14 +206,14 @@ def test_non_contiguous_activations(case: tuple[str, np.ndarray, np.ndarray]) ->
     assert rel_err(out, x.astype(np.float64) @ w.astype(np.float64).T) <= 1e-5
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", TYPES)
 def test_register_decoded_kernels_give_the_buffer_paths_bits(type_name: str) -> None:
-    """Q4_K and Q6_K decode their weights in registers (kquants_simd.py): every output, for B from 1
+    """Q4_K, Q5_K and Q6_K decode their weights in registers (kquants_simd.py): every output, for B from 1
     to 16 (the groups of 4 and each remainder), has the bits of the dequantize-into-a-buffer path, the
     kernels' first form, whose bits the gate anchors pinned. Blocks include a subnormal and a zero d."""
     from infer.engine.backends.cpu_kernels import kquants
 
-    kind = {"Q4_K": 0, "Q6_K": 2}[type_name]
+    kind = TYPES.index(type_name)  # _matmul's kind: 0 Q4_K, 1 Q5_K, 2 Q6_K
     blocks = random_blocks(type_name, N_OUT, N_IN, seed=11)
     rng = np.random.default_rng(12)
     for rows in (1, 2, 3, 4, 5, 6, 7, 16):

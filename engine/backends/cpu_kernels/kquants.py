@@ -10,12 +10,13 @@ Block layouts (little endian, as gguf/quants.py and llama.cpp's ggml-common.h de
   weights), d f16 last; weight = d * scale[w // 16] * (q - 32).
 
 How the matmuls work: each task (ROWS_PER_TASK output rows, `prange` over tasks, so over output rows
-only) dequantizes one weight row at a time into an L1-resident float32 buffer, with exactly the values
-gguf's dequantizer gives (the same code serves `dequantize_rows`), then takes one dot per activation row
-with `_vdot`: LLVM vector IR whose order is fixed in the code (64 lanes in order, a fixed tree). One dot
-never leaves its thread and nothing in it depends on B or on a row's place in the batch, so out[b, o]
-is bit-identical however the batch is composed (batch invariance). The int8 kernels run the same dot
-on xq * xs (see the note above them).
+only) works out one weight row's sub-block scales and mins (exactly as gguf rounds them), then decodes
+the row 64 weights at a time in vector registers and dots them with 1 to 4 activation rows at once
+(kquants_simd.py). Each weight is exactly gguf's dequantized value, and each dot runs in one order
+fixed in the code (64 lanes in order, a fixed tree), so out[b, o] is bit-identical however the batch is
+composed (batch invariance). `_matmul` is the kernels' first form, kept as the tests' reference: the
+same bits through a dequantized float32 row and `_vdot`. The int8 kernels run the same dot on xq * xs
+(see the note above them).
 """
 
 from __future__ import annotations
@@ -313,7 +314,8 @@ def _check(blocks: np.ndarray, n_in: int, block_bytes: int, n_b: int, out: np.nd
 @njit(cache=True, parallel=True)
 def _matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int) -> None:
     """out = x @ W.T: each weight row dequantized once into an L1-resident float32 buffer (the values
-    gguf's dequantizer gives), then one fixed-order dot per activation row."""
+    gguf's dequantizer gives), then one fixed-order dot per activation row. The reference the
+    register-decoding kernels below are tested against, bit for bit (3x slower at B = 1)."""
     n_b, n_in = x.shape
     n_out = blocks.shape[0]
     n_tasks = (n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK
@@ -328,12 +330,14 @@ def _matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int) -> No
 
 
 @njit(cache=True, parallel=True)
-def _q4_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """out = x @ W.T for Q4_K with the weights decoded in registers (kquants_simd.py), activation rows
-    in groups of 4 sharing each decoded chunk: the same bits as `_matmul` (kind 0), faster."""
+def _q45_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int) -> None:
+    """out = x @ W.T for Q4_K (kind 0) or Q5_K (kind 1) with the weights decoded in registers
+    (kquants_simd.py), activation rows in groups of 4 sharing each decoded chunk: the same bits as
+    `_matmul`, faster."""
     n_b, n_in = x.shape
     n_out = blocks.shape[0]
     n_sb = n_in // QK_K
+    block_bytes = Q4_K_BYTES if kind == 0 else Q5_K_BYTES
     full = n_b - n_b % 4
     rest = n_b - full
     for t in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -342,19 +346,33 @@ def _q4_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
             row = blocks[o]
             for sb in range(n_sb):
-                _scales_mins_at(row, sb * Q4_K_BYTES, ds, dm, 8 * sb)
-            for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q4_k_dot4(
-                    row, ds, dm, x, b
-                )
-            if rest == 1:
-                (out[full, o],) = kquants_simd.q4_k_dot1(row, ds, dm, x, full)
-            elif rest == 2:
-                out[full, o], out[full + 1, o] = kquants_simd.q4_k_dot2(row, ds, dm, x, full)
-            elif rest == 3:
-                out[full, o], out[full + 1, o], out[full + 2, o] = kquants_simd.q4_k_dot3(
-                    row, ds, dm, x, full
-                )
+                _scales_mins_at(row, sb * block_bytes, ds, dm, 8 * sb)
+            if kind == 0:
+                for b in range(0, full, 4):
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q4_k_dot4(
+                        row, ds, dm, x, b
+                    )
+                if rest == 1:
+                    (out[full, o],) = kquants_simd.q4_k_dot1(row, ds, dm, x, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = kquants_simd.q4_k_dot2(row, ds, dm, x, full)
+                elif rest == 3:
+                    out[full, o], out[full + 1, o], out[full + 2, o] = kquants_simd.q4_k_dot3(
+                        row, ds, dm, x, full
+                    )
+            else:
+                for b in range(0, full, 4):
+                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q5_k_dot4(
+                        row, ds, dm, x, b
+                    )
+                if rest == 1:
+                    (out[full, o],) = kquants_simd.q5_k_dot1(row, ds, dm, x, full)
+                elif rest == 2:
+                    out[full, o], out[full + 1, o] = kquants_simd.q5_k_dot2(row, ds, dm, x, full)
+                elif rest == 3:
+                    out[full, o], out[full + 1, o], out[full + 2, o] = kquants_simd.q5_k_dot3(
+                        row, ds, dm, x, full
+                    )
 
 
 @njit(cache=True, parallel=True)
@@ -410,14 +428,14 @@ def _int8_acts(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
 def q4_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """Q4_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
     _check(blocks, x.shape[1], Q4_K_BYTES, x.shape[0], out)
-    _q4_k_matmul(blocks, np.ascontiguousarray(x), out)
+    _q45_k_matmul(blocks, np.ascontiguousarray(x), out, 0)
 
 
 @njit(cache=True)
 def q5_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """Q5_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
     _check(blocks, x.shape[1], Q5_K_BYTES, x.shape[0], out)
-    _matmul(blocks, np.ascontiguousarray(x), out, 1)
+    _q45_k_matmul(blocks, np.ascontiguousarray(x), out, 1)
 
 
 @njit(cache=True)
@@ -437,14 +455,14 @@ def q6_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> Non
 def q4_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q4_K: out = (xq * xs) @ W.T with activations quantized per 32-block."""
     _check(blocks, xq.shape[1], Q4_K_BYTES, xq.shape[0], out)
-    _q4_k_matmul(blocks, _int8_acts(xq, xs), out)
+    _q45_k_matmul(blocks, _int8_acts(xq, xs), out, 0)
 
 
 @njit(cache=True)
 def q5_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q5_K: out = (xq * xs) @ W.T with activations quantized per 32-block."""
     _check(blocks, xq.shape[1], Q5_K_BYTES, xq.shape[0], out)
-    _matmul(blocks, _int8_acts(xq, xs), out, 1)
+    _q45_k_matmul(blocks, _int8_acts(xq, xs), out, 1)
 
 
 @njit(cache=True)

@@ -1,13 +1,14 @@
-"""Q4_K and Q6_K row dot products decoded in registers, written as LLVM vector IR (numba @intrinsic).
+"""Q4_K, Q5_K and Q6_K row dot products decoded in registers, written as LLVM vector IR (numba @intrinsic).
 
 The first K-quant kernels dequantize a weight row into a float32 buffer with plain numba loops, then
 dot it with each activation row (kquants._vdot). Here each 64-weight chunk of a super-block is decoded
 in registers and used at once by 1 to 4 activation rows. A Q4_K chunk (32 bytes of nibbles: the low
 nibbles are sub-block 2g, the high ones sub-block 2g + 1) is two 16-byte loads, an and and a shift,
-and ds * q - dm; a Q6_K chunk takes its 4 low bits from ql and 2 high bits from qh, and ds * (q - 32).
+and ds * q - dm (Q5_K adds a fifth bit from qh); a Q6_K chunk takes its 4 low bits from ql and 2
+high bits from qh, and ds * (q - 32).
 Gemma 3 270M's Q4_K matrix at B = 1: 0.067 -> 0.022 ms; B = 16: 0.31 -> 0.17 ms (2 threads).
 
-The bits are those of the buffer path. Each weight is exactly the dequantized value (Q4_K:
+The bits are those of the buffer path. Each weight is exactly the dequantized value (Q4_K, Q5_K:
 fsub(fmul(ds, q), dm), two roundings; Q6_K: fmul(ds, q - 32), q - 32 exact in int8). Each activation
 row's dot runs 64 lanes in four 16-lane vectors, lane l taking weights l, l + 64, l + 128, ... in order
 with fmul then fadd, then (v0 + v1) + (v2 + v3) and a halving tree: `_vdot`'s order. So a row's result
@@ -32,6 +33,7 @@ _F32 = ir.FloatType()
 _V16I8 = ir.VectorType(_I8, 16)
 _V16F = ir.VectorType(_F32, 16)
 _Q4_K_BYTES = 144
+_Q5_K_BYTES = 176
 _Q6_K_BYTES = 210
 _QS_OFFSET = 16
 """Nibble bytes start after d, dmin (2 halves) and the 12 packed scale bytes."""
@@ -69,6 +71,32 @@ def _q4_k_weights(builder, row_ptr, sb, ds_ptr, dm_ptr, chunk):
         scale = splat(builder, builder.load(builder.gep(ds_ptr, [sub])))
         minimum = splat(builder, builder.load(builder.gep(dm_ptr, [sub])))
         q = builder.lshr(bytes_, four) if high else builder.and_(bytes_, fifteen)
+        weights.append(builder.fsub(builder.fmul(scale, builder.uitofp(q, _V16F)), minimum))
+    return weights
+
+
+def _q5_k_weights(builder, row_ptr, sb, ds_ptr, dm_ptr, chunk):
+    """The four 16-lane weight vectors of chunk `chunk` of Q5_K super-block `sb`: Q4_K's nibbles with a
+    fifth bit from qh (bit 2 * chunk of qh[i] for the low nibbles, bit 2 * chunk + 1 for the high)."""
+    one = ir.Constant(_V16I8, [1] * 16)
+    fifteen = ir.Constant(_V16I8, [15] * 16)
+    four = ir.Constant(_V16I8, [4] * 16)
+    block = builder.gep(row_ptr, [builder.mul(sb, ir.Constant(_I64, _Q5_K_BYTES))])
+    qh = [load_vec(builder, builder.gep(block, [ir.Constant(_I64, 16 + 16 * k)]), _V16I8) for k in range(2)]
+    qs = [
+        load_vec(builder, builder.gep(block, [ir.Constant(_I64, 48 + 32 * chunk + 16 * k)]), _V16I8)
+        for k in range(2)
+    ]
+    weights = []
+    for j in range(4):
+        high = j >= 2
+        half = j % 2  # bytes 0..15 or 16..31 of the chunk's 32
+        nibble = builder.lshr(qs[half], four) if high else builder.and_(qs[half], fifteen)
+        bit = builder.and_(builder.lshr(qh[half], ir.Constant(_V16I8, [2 * chunk + int(high)] * 16)), one)
+        q = builder.or_(nibble, builder.shl(bit, four))
+        sub = builder.add(builder.mul(sb, ir.Constant(_I64, 8)), ir.Constant(_I64, 2 * chunk + int(high)))
+        scale = splat(builder, builder.load(builder.gep(ds_ptr, [sub])))
+        minimum = splat(builder, builder.load(builder.gep(dm_ptr, [sub])))
         weights.append(builder.fsub(builder.fmul(scale, builder.uitofp(q, _V16F)), minimum))
     return weights
 
@@ -204,4 +232,5 @@ def _make(kind: str, rows: int, decode):
 
 
 q4_k_dot1, q4_k_dot2, q4_k_dot3, q4_k_dot4 = (_make("q4_k", r, _q4_k_weights) for r in (1, 2, 3, 4))
+q5_k_dot1, q5_k_dot2, q5_k_dot3, q5_k_dot4 = (_make("q5_k", r, _q5_k_weights) for r in (1, 2, 3, 4))
 q6_k_dot1, q6_k_dot2, q6_k_dot3, q6_k_dot4 = (_make("q6_k", r, _q6_k_weights) for r in (1, 2, 3, 4))
