@@ -94,3 +94,29 @@ def test_sixteen_concurrent_requests_equal_their_solo_runs(quantized_model) -> N
     together = engine()
     streams = [together.submit(r) for r in requests]
     assert [s.result().token_ids for s in streams] == solo
+
+
+def test_long_prompts_prefilled_in_attention_blocks_give_their_solo_tokens(quantized_model) -> None:
+    """Prompts past ROW_ATTENTION_ROWS prefill through the blocked attention (on the backend's thread
+    pool), in fixed chunks beside other sequences' prefill and decode rows: each request's tokens equal
+    its solo run's, greedy and seeded."""
+    from infer.engine.backends.cpu import ROW_ATTENTION_ROWS
+
+    checkpoint = load_checkpoint(quantized_model.gguf_path)
+    config = EngineConfig(ctx_size=384, max_num_seqs=6, max_batched_tokens=512, batch_size=192)
+
+    def engine() -> Engine:
+        model = build_model(load_checkpoint(quantized_model.gguf_path), CpuBackend(kernels="exact"))
+        return Engine(model, checkpoint.tokenizer, config)
+
+    rng = np.random.default_rng(5)
+    requests = []
+    for i in range(6):
+        length = int(rng.integers(ROW_ATTENTION_ROWS + 10, 300))
+        prompt = tuple(rng.integers(3, checkpoint.config.vocab_size, length).tolist())
+        params = SamplingParams(temperature=0.0) if i % 2 else SamplingParams(temperature=0.9, seed=200 + i)
+        requests.append(Request(prompt_ids=prompt, sampling=params, max_tokens=8, ignore_eos=True))
+    solo = [engine().generate(r).token_ids for r in requests]
+    together = engine()
+    streams = [together.submit(r) for r in requests]
+    assert [s.result().token_ids for s in streams] == solo
