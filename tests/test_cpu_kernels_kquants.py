@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
+from numba import njit
 
-from infer.engine.backends.cpu_kernels.kquants import KQUANT_KERNELS, _half
+from infer.engine.backends.cpu_kernels.bits import half_to_f32
+from infer.engine.backends.cpu_kernels.kquants import KQUANT_KERNELS
 
 TYPES = ["Q4_K", "Q5_K", "Q6_K"]
 N_OUT = 45  # not a multiple of the kernels' rows per task: the last task is partial
@@ -59,11 +61,24 @@ def case(request: pytest.FixtureRequest) -> tuple[str, np.ndarray, np.ndarray]:
     return type_name, blocks, reference_weights(type_name, blocks, N_IN)
 
 
+@njit
+def _halves(raw: np.ndarray) -> np.ndarray:
+    """half_to_f32 over every 2-byte little-endian half in raw (how the kernels read block scales)."""
+    out = np.empty(raw.shape[0] // 2, np.float32)
+    for i in range(out.shape[0]):
+        out[i] = half_to_f32(raw[2 * i], raw[2 * i + 1])
+    return out
+
+
+def _half(lo: int, hi: int) -> np.float32:
+    return _halves(np.asarray([lo, hi], dtype=np.uint8))[0]
+
+
 def test_half_to_float_matches_numpy_for_every_finite_half() -> None:
     bits = np.arange(1 << 16, dtype=np.uint16)
     want = bits.view(np.float16).astype(np.float32)
     finite = np.isfinite(want)
-    got = np.array([_half(int(b) & 0xFF, int(b) >> 8) for b in bits[finite]], dtype=np.float32)
+    got = _halves(bits[finite].view(np.uint8))  # little-endian bytes, as GGUF stores them
     assert np.array_equal(got.view(np.uint32), want[finite].view(np.uint32))  # also -0.0 vs 0.0
     assert np.isinf(_half(0x00, 0x7C)) and np.isnan(_half(0x01, 0x7C))
 

@@ -23,7 +23,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from .rowops import exp_f32
-from .simd import load_vec, splat
+from .simd import exit_values, is_c_array, load_vec, splat
 
 _F32 = ir.FloatType()
 _I64 = ir.IntType(64)
@@ -70,13 +70,7 @@ def _weighted_rows_codegen(vectors: int):
             acc.add_incoming(value, loop)
         builder.cbranch(builder.icmp_signed("<", following, count), loop, done)
         builder.position_at_end(done)
-        finals = []
-        for value in updated:
-            final = builder.phi(_V16F)
-            final.add_incoming(zero, entry)
-            final.add_incoming(value, loop)
-            finals.append(final)
-        for c, final in enumerate(finals):
+        for c, final in enumerate(exit_values(builder, updated, entry, loop)):
             target = builder.gep(out_ptr, [ir.Constant(_I64, 16 * c)])
             builder.store(final, builder.bitcast(target, _V16F.as_pointer()), align=4)
         return context.get_dummy_value()
@@ -84,19 +78,13 @@ def _weighted_rows_codegen(vectors: int):
     return codegen
 
 
-def _is_f32(array: types.Type, ndim: int) -> bool:
-    return (
-        isinstance(array, types.Array)
-        and array.dtype == types.float32
-        and array.ndim == ndim
-        and array.layout == "C"
-    )
-
-
 def _weighted_rows(vectors: int):
     def typer(typingctx, weights, values, col, out):
         if not (
-            _is_f32(weights, 1) and _is_f32(values, 2) and _is_f32(out, 1) and isinstance(col, types.Integer)
+            is_c_array(weights, types.float32, 1)
+            and is_c_array(values, types.float32, 2)
+            and is_c_array(out, types.float32, 1)
+            and isinstance(col, types.Integer)
         ):
             return None
         return types.void(weights, values, types.int64, out), _weighted_rows_codegen(vectors)

@@ -21,15 +21,15 @@ same bits through a dequantized float32 row and `_vdot`. The int8 kernels run th
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from infer.engine.backends.cpu_kernels import kquants_simd
+from infer.engine.backends.cpu_kernels.bits import half_to_f32
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
+from infer.engine.backends.cpu_kernels.simd import exit_values, sum_lanes
 
 QK_K = 256
 """Weights per super-block."""
@@ -45,35 +45,12 @@ ROWS_PER_TASK = 8
 # ---------------------------------------------------------------------------------------------------
 
 
-_POW2 = np.array([2.0 ** (e - 25) for e in range(32)], dtype=np.float32)
-"""2**(e - 25) for a half's biased exponent e: (1024 + mantissa) * _POW2[e] is the half's magnitude."""
-_TINY = np.float32(2.0**-24)
-
-
-@njit(cache=True)
-def _half(lo: int, hi: int) -> np.float32:
-    """IEEE half (two little-endian bytes) -> float32, exactly (every half is a float32, and each product
-    below is exact)."""
-    h = np.int32(lo) | (np.int32(hi) << 8)
-    exp = (h >> 10) & 0x1F
-    mant = h & 0x3FF
-    if exp == 0:
-        v = np.float32(mant) * _TINY
-    elif exp == 31:
-        v = np.float32(math.inf) if mant == 0 else np.float32(math.nan)
-    else:
-        v = np.float32(mant | 0x400) * _POW2[exp]
-    if h & 0x8000:
-        v = -v
-    return v
-
-
 @njit(cache=True, inline="always")
-def _scales_mins_at(row: np.ndarray, off: int, ds: np.ndarray, dm: np.ndarray, at: int) -> None:
+def _scales_mins(row: np.ndarray, off: int, ds: np.ndarray, dm: np.ndarray, at: int) -> None:
     """Q4_K/Q5_K: ds[at + j] = d * sc[j], dm[at + j] = dmin * m[j] (float32, rounded as gguf does) for
     the eight sub-blocks of the super-block at byte `off`."""
-    d = kquants_simd.half_at(row, off)
-    dmin = kquants_simd.half_at(row, off + 2)
+    d = half_to_f32(row[off], row[off + 1])
+    dmin = half_to_f32(row[off + 2], row[off + 3])
     s = off + 4
     for j in range(4):
         ds[at + j] = d * np.float32(row[s + j] & 0x3F)
@@ -85,27 +62,15 @@ def _scales_mins_at(row: np.ndarray, off: int, ds: np.ndarray, dm: np.ndarray, a
         dm[at + j] = dmin * np.float32(mn)
 
 
-@njit(cache=True)
-def _scales_mins(row: np.ndarray, off: int, ds: np.ndarray, dm: np.ndarray) -> None:
-    """Q4_K/Q5_K: ds[j] = d * sc[j], dm[j] = dmin * m[j] for the eight sub-blocks at byte `off`."""
-    _scales_mins_at(row, off, ds, dm, 0)
-
-
 @njit(cache=True, inline="always")
-def _scales_q6_at(row: np.ndarray, off: int, ds: np.ndarray, at: int) -> None:
+def _scales_q6(row: np.ndarray, off: int, ds: np.ndarray, at: int) -> None:
     """Q6_K: ds[at + k] = d * scale[k] (float32) for the 16 sub-blocks of the super-block at `off`."""
-    d = kquants_simd.half_at(row, off + 208)
+    d = half_to_f32(row[off + 208], row[off + 209])
     for k in range(16):
         sc = np.int32(row[off + 192 + k])
         if sc >= 128:
             sc -= 256
         ds[at + k] = d * np.float32(sc)
-
-
-@njit(cache=True)
-def _scales_q6(row: np.ndarray, off: int, ds: np.ndarray) -> None:
-    """Q6_K: ds[k] = d * scale[k] (float32) for the 16 sub-blocks of the super-block at `off`."""
-    _scales_q6_at(row, off, ds, 0)
 
 
 # The unpack loops below run over i (a byte position within a group) with all groups of the super-block
@@ -215,15 +180,15 @@ def _deq_row(row: np.ndarray, kind: int, w: np.ndarray, ds: np.ndarray, dm: np.n
         ws = w[QK_K * sb : QK_K * sb + QK_K]
         if kind == 0:
             off = sb * Q4_K_BYTES
-            _scales_mins(row, off, ds, dm)
+            _scales_mins(row, off, ds, dm, 0)
             _deq_q4(row, off, ws, ds, dm)
         elif kind == 1:
             off = sb * Q5_K_BYTES
-            _scales_mins(row, off, ds, dm)
+            _scales_mins(row, off, ds, dm, 0)
             _deq_q5(row, off, ws, ds, dm)
         else:
             off = sb * Q6_K_BYTES
-            _scales_q6(row, off, ds)
+            _scales_q6(row, off, ds, 0)
             _deq_q6(row, off, ws, ds)
 
 
@@ -264,23 +229,8 @@ def _dot_codegen(context, builder, signature, args):
         acc.add_incoming(v, body_end)
     builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
     builder.position_at_end(done)
-    fin = []
-    for v in new:
-        f = builder.phi(vec)
-        f.add_incoming(zero, entry)
-        f.add_incoming(v, body_end)
-        fin.append(f)
-    total = builder.fadd(builder.fadd(fin[0], fin[1]), builder.fadd(fin[2], fin[3]))
-    width = DOT_LANES
-    while width > 1:
-        half = width // 2
-        lo = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half)))
-        hi = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half, width)))
-        total = builder.fadd(
-            builder.shuffle_vector(total, total, lo), builder.shuffle_vector(total, total, hi)
-        )
-        width = half
-    return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+    fin = exit_values(builder, new, entry, body_end)
+    return sum_lanes(builder, builder.fadd(builder.fadd(fin[0], fin[1]), builder.fadd(fin[2], fin[3])))
 
 
 @intrinsic
@@ -346,7 +296,7 @@ def _q45_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int)
         for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
             row = blocks[o]
             for sb in range(n_sb):
-                _scales_mins_at(row, sb * block_bytes, ds, dm, 8 * sb)
+                _scales_mins(row, sb * block_bytes, ds, dm, 8 * sb)
             if kind == 0:
                 for b in range(0, full, 4):
                     out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q4_k_dot4(
@@ -389,7 +339,7 @@ def _q6_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
             row = blocks[o]
             for sb in range(n_sb):
-                _scales_q6_at(row, sb * Q6_K_BYTES, ds, 16 * sb)
+                _scales_q6(row, sb * Q6_K_BYTES, ds, 16 * sb)
             for b in range(0, full, 4):
                 out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q6_k_dot4(
                     row, ds, ds, x, b

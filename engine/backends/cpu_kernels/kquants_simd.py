@@ -24,10 +24,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .simd import load_half, load_vec, splat
+from .simd import activation_rows, exit_values, is_c_array, load_vec, splat, sum_lanes
 
 _I8 = ir.IntType(8)
-_I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _F32 = ir.FloatType()
 _V16I8 = ir.VectorType(_I8, 16)
@@ -41,17 +40,9 @@ _QS_OFFSET = 16
 
 def _tree(builder: ir.IRBuilder, vectors: list[ir.Value]) -> ir.Value:
     """(v0 + v1) + (v2 + v3), then the 16 lanes summed by halving: _vdot's final order."""
-    total = builder.fadd(builder.fadd(vectors[0], vectors[1]), builder.fadd(vectors[2], vectors[3]))
-    width = 16
-    while width > 1:
-        half = width // 2
-        low = ir.Constant(ir.VectorType(_I32, half), list(range(half)))
-        high = ir.Constant(ir.VectorType(_I32, half), list(range(half, width)))
-        total = builder.fadd(
-            builder.shuffle_vector(total, total, low), builder.shuffle_vector(total, total, high)
-        )
-        width = half
-    return builder.extract_element(total, ir.Constant(_I32, 0))
+    return sum_lanes(
+        builder, builder.fadd(builder.fadd(vectors[0], vectors[1]), builder.fadd(vectors[2], vectors[3]))
+    )
 
 
 def _q4_k_weights(builder, row_ptr, sb, ds_ptr, dm_ptr, chunk):
@@ -141,9 +132,7 @@ def _rows_codegen(rows: int, decode):
         row_ptr = builder.bitcast(row.data, _I8.as_pointer())
         ds_ptr = builder.bitcast(ds.data, _F32.as_pointer())
         dm_ptr = builder.bitcast(dm.data, _F32.as_pointer())
-        n = builder.extract_value(xa.shape, 1)
-        x_base = builder.gep(builder.bitcast(xa.data, _F32.as_pointer()), [builder.mul(b0, n)])
-        x_rows = [builder.gep(x_base, [builder.mul(ir.Constant(_I64, r), n)]) for r in range(rows)]
+        n, x_rows = activation_rows(builder, xa, b0, rows)
         n_sb = builder.udiv(n, ir.Constant(_I64, 256))
         zero = ir.Constant(_V16F, None)
 
@@ -175,49 +164,20 @@ def _rows_codegen(rows: int, decode):
                 accs[r][j].add_incoming(current[r][j], loop_end)
 
         builder.position_at_end(done)
-        finals = []
-        for r in range(rows):  # every phi first, at the top of the block
-            row_finals = []
-            for j in range(4):
-                phi = builder.phi(_V16F)
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(current[r][j], loop_end)
-                row_finals.append(phi)
-            finals.append(row_finals)
+        finals = [exit_values(builder, current[r], entry, loop_end) for r in range(rows)]
         results = [_tree(builder, row_finals) for row_finals in finals]
         return context.make_tuple(builder, signature.return_type, results)
 
     return codegen
 
 
-@intrinsic
-def half_at(typingctx, row, offset):
-    """(row uint8 [n], offset) -> the IEEE half at bytes offset, offset + 1 (little endian) as float32:
-    one fpext, exact for every half (the scalar decode it replaces cost ~20 ns a call)."""
-    if not (_is_array(row, types.uint8, 1) and isinstance(offset, types.Integer)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        pointer = builder.gep(builder.bitcast(array.data, _I8.as_pointer()), [args[1]])
-        return load_half(builder, pointer)
-
-    return types.float32(row, types.int64), codegen
-
-
-def _is_array(value: types.Type, dtype: types.Type, ndim: int) -> bool:
-    return (
-        isinstance(value, types.Array) and value.dtype == dtype and value.ndim == ndim and value.layout == "C"
-    )
-
-
 def _make(kind: str, rows: int, decode):
     def typer(typingctx, row, ds, dm, x, b0):
         if not (
-            _is_array(row, types.uint8, 1)
-            and _is_array(ds, types.float32, 1)
-            and _is_array(dm, types.float32, 1)
-            and _is_array(x, types.float32, 2)
+            is_c_array(row, types.uint8, 1)
+            and is_c_array(ds, types.float32, 1)
+            and is_c_array(dm, types.float32, 1)
+            and is_c_array(x, types.float32, 2)
             and isinstance(b0, types.Integer)
         ):
             return None

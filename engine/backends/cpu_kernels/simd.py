@@ -90,6 +90,34 @@ def sum_lanes(builder: ir.IRBuilder, vec: ir.Value) -> ir.Value:
     return builder.extract_element(vec, ir.Constant(idx, 0))
 
 
+def is_c_array(value: types.Type, dtype: types.Type, ndim: int) -> bool:
+    """Whether a numba type is a C-contiguous array of `dtype` with `ndim` dimensions (what the
+    intrinsics' pointer arithmetic assumes)."""
+    if not isinstance(value, types.Array):
+        return False
+    return value.dtype == dtype and value.ndim == ndim and value.layout == "C"
+
+
+def activation_rows(builder: ir.IRBuilder, xa: ir.Value, b0: ir.Value, rows: int) -> tuple[ir.Value, list]:
+    """(n, pointers to x[b0], ..., x[b0 + rows - 1]) for x, a C-contiguous float32 [B, n] array."""
+    n = builder.extract_value(xa.shape, 1)
+    x_base = builder.gep(builder.bitcast(xa.data, _F32.as_pointer()), [builder.mul(b0, n)])
+    return n, [builder.gep(x_base, [builder.mul(ir.Constant(_I64, r), n)]) for r in range(rows)]
+
+
+def exit_values(builder: ir.IRBuilder, values: list, entry: ir.Block, loop_end: ir.Block) -> list:
+    """At the top of the block after a loop that may run zero times: each of `values` (vectors the
+    last iteration computed) as a phi, zero when the loop was skipped. LLVM wants every phi before
+    any other instruction of the block, so call this before emitting anything else there."""
+    finals = []
+    for value in values:
+        phi = builder.phi(value.type)
+        phi.add_incoming(ir.Constant(value.type, None), entry)
+        phi.add_incoming(value, loop_end)
+        finals.append(phi)
+    return finals
+
+
 def _rows_dot_codegen(kind: str, rows: int):
     """IR for `rows` activation rows x[b0 .. b0 + rows - 1] against one weight row: each block is
     decoded once and used for every activation row, each row with its own accumulators (the arithmetic
@@ -102,9 +130,7 @@ def _rows_dot_codegen(kind: str, rows: int):
         xa = context.make_array(x_ty)(context, builder, args[1])
         b0 = args[2]
         row_ptr = builder.bitcast(row.data, _I8.as_pointer())
-        n = builder.extract_value(xa.shape, 1)
-        x_base = builder.gep(builder.bitcast(xa.data, _F32.as_pointer()), [builder.mul(b0, n)])
-        x_rows = [builder.gep(x_base, [builder.mul(ir.Constant(_I64, r), n)]) for r in range(rows)]
+        n, x_rows = activation_rows(builder, xa, b0, rows)
         n_blocks = builder.udiv(n, ir.Constant(_I64, 32))
         zero = ir.Constant(_V16F, None)
 
@@ -180,16 +206,15 @@ def _rows_dot_codegen(kind: str, rows: int):
                 second.add_incoming(new_accs[r][pair], loop_end)
 
         builder.position_at_end(done)
-        finals = []
-        for r in range(rows):  # every phi first, at the top of the block
-            row_finals = []
-            for pair in range(chains // 2):
-                for value in (accs[r][2 * pair + 1], new_accs[r][pair]):
-                    phi = builder.phi(_V16F)
-                    phi.add_incoming(zero, entry)
-                    phi.add_incoming(value, loop_end)
-                    row_finals.append(phi)
-            finals.append(row_finals)
+        finals = [
+            exit_values(
+                builder,
+                [v for pair in range(chains // 2) for v in (accs[r][2 * pair + 1], new_accs[r][pair])],
+                entry,
+                loop_end,
+            )
+            for r in range(rows)
+        ]
         results = []
         for row_finals in finals:
             low = builder.fadd(row_finals[0], row_finals[1])
@@ -201,17 +226,8 @@ def _rows_dot_codegen(kind: str, rows: int):
 
 
 def _check(row, x, b0):
-    return (
-        isinstance(row, types.Array)
-        and row.dtype == types.uint8
-        and row.ndim == 1
-        and row.layout == "C"
-        and isinstance(x, types.Array)
-        and x.dtype == types.float32
-        and x.ndim == 2
-        and x.layout == "C"
-        and isinstance(b0, types.Integer)
-    )
+    rows_ok = is_c_array(row, types.uint8, 1) and is_c_array(x, types.float32, 2)
+    return rows_ok and isinstance(b0, types.Integer)
 
 
 def _make(kind: str, rows: int):
