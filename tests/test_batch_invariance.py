@@ -75,25 +75,35 @@ def test_decode_and_verify_rows_are_bit_identical_in_any_batch(quantized_model) 
             assert (logits[batch_row] == alone[slot]).all(), (trial, slot)
 
 
-def test_sixteen_concurrent_requests_equal_their_solo_runs(quantized_model) -> None:
+def _assert_batched_equal_solo(
+    quantized_model, config: EngineConfig, lengths: list[int], max_tokens: int, seed_base: int
+) -> None:
+    """Requests with prompts of `lengths` (odd ones greedy, even ones seeded at temperature 0.9) give
+    the same tokens submitted together as each alone on a fresh engine."""
     checkpoint = load_checkpoint(quantized_model.gguf_path)
-    tokenizer = checkpoint.tokenizer
-    config = EngineConfig(ctx_size=128, max_num_seqs=16, max_batched_tokens=256, batch_size=16)
 
     def engine() -> Engine:
         model = build_model(load_checkpoint(quantized_model.gguf_path), CpuBackend(kernels="exact"))
-        return Engine(model, tokenizer, config)
+        return Engine(model, checkpoint.tokenizer, config)
 
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed_base)
     requests = []
-    for i in range(16):
-        prompt = tuple(rng.integers(3, checkpoint.config.vocab_size, int(rng.integers(3, 40))).tolist())
-        params = SamplingParams(temperature=0.0) if i % 2 else SamplingParams(temperature=0.9, seed=100 + i)
-        requests.append(Request(prompt_ids=prompt, sampling=params, max_tokens=12, ignore_eos=True))
+    for i, length in enumerate(lengths):
+        prompt = tuple(rng.integers(3, checkpoint.config.vocab_size, length).tolist())
+        params = (
+            SamplingParams(temperature=0.0) if i % 2 else SamplingParams(temperature=0.9, seed=seed_base + i)
+        )
+        requests.append(Request(prompt_ids=prompt, sampling=params, max_tokens=max_tokens, ignore_eos=True))
     solo = [engine().generate(r).token_ids for r in requests]
     together = engine()
     streams = [together.submit(r) for r in requests]
     assert [s.result().token_ids for s in streams] == solo
+
+
+def test_sixteen_concurrent_requests_equal_their_solo_runs(quantized_model) -> None:
+    config = EngineConfig(ctx_size=128, max_num_seqs=16, max_batched_tokens=256, batch_size=16)
+    lengths = np.random.default_rng(3).integers(3, 40, 16).tolist()
+    _assert_batched_equal_solo(quantized_model, config, lengths, max_tokens=12, seed_base=100)
 
 
 def test_long_prompts_prefilled_in_attention_blocks_give_their_solo_tokens(quantized_model) -> None:
@@ -102,21 +112,6 @@ def test_long_prompts_prefilled_in_attention_blocks_give_their_solo_tokens(quant
     its solo run's, greedy and seeded."""
     from infer.engine.backends.cpu import ROW_ATTENTION_ROWS
 
-    checkpoint = load_checkpoint(quantized_model.gguf_path)
     config = EngineConfig(ctx_size=384, max_num_seqs=6, max_batched_tokens=512, batch_size=192)
-
-    def engine() -> Engine:
-        model = build_model(load_checkpoint(quantized_model.gguf_path), CpuBackend(kernels="exact"))
-        return Engine(model, checkpoint.tokenizer, config)
-
-    rng = np.random.default_rng(5)
-    requests = []
-    for i in range(6):
-        length = int(rng.integers(ROW_ATTENTION_ROWS + 10, 300))
-        prompt = tuple(rng.integers(3, checkpoint.config.vocab_size, length).tolist())
-        params = SamplingParams(temperature=0.0) if i % 2 else SamplingParams(temperature=0.9, seed=200 + i)
-        requests.append(Request(prompt_ids=prompt, sampling=params, max_tokens=8, ignore_eos=True))
-    solo = [engine().generate(r).token_ids for r in requests]
-    together = engine()
-    streams = [together.submit(r) for r in requests]
-    assert [s.result().token_ids for s in streams] == solo
+    lengths = np.random.default_rng(5).integers(ROW_ATTENTION_ROWS + 10, 300, 6).tolist()
+    _assert_batched_equal_solo(quantized_model, config, lengths, max_tokens=8, seed_base=200)
