@@ -78,6 +78,26 @@ def test_queueing_when_all_slots_are_held(default_model_path) -> None:
     assert engine.cache.free_slots == 2
 
 
+def test_a_sequence_counts_as_active_until_its_slot_is_back(default_model_path) -> None:
+    """active_sequences takes no step lock, so a reader that sees 0 must also see every slot free:
+    the slot goes back while the sequence is still listed (the order a CI run raced on)."""
+    engine = load_engine(default_model_path, EngineConfig(ctx_size=256, max_num_seqs=2))
+    release = engine.cache.release
+    counted_at_release: list[int] = []
+
+    def watched_release(slot: int) -> None:
+        counted_at_release.append(engine.active_sequences)
+        release(slot)
+
+    engine.cache.release = watched_release  # type: ignore[method-assign]
+    streams = [engine.submit(_request(engine, text, n=3)) for text in PROMPTS[:3]]
+    while engine.step():
+        pass
+    assert all(s.result().done.finish_reason == "length" for s in streams)
+    assert len(counted_at_release) == 3 and min(counted_at_release) >= 1
+    assert engine.active_sequences == 0 and engine.cache.free_slots == 2
+
+
 def test_cancel_frees_the_slot_at_once(default_model_path) -> None:
     engine = load_engine(default_model_path, EngineConfig(ctx_size=256, max_num_seqs=1))
     engine.start()

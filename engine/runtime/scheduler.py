@@ -87,11 +87,8 @@ class Scheduler:
 
     def remove(self, sequence: Sequence) -> None:
         """Drop a sequence (finished, cancelled, failed) and free its slot at once."""
-        if sequence in self.running:
-            self.running.remove(sequence)
-        elif sequence in self.waiting:
-            self.waiting.remove(sequence)
-        self._reserved.pop(id(sequence), None)
+        # The slot goes back before the sequence leaves the lists: another thread that sees
+        # no sequences (Engine.active_sequences takes no step lock) then also sees every slot free.
         if sequence.slot is not None:
             kept = self.prefix_cache is not None and self.prefix_cache.keep(
                 sequence.slot, sequence.prompt_ids, sequence.num_computed_tokens
@@ -99,6 +96,11 @@ class Scheduler:
             if not kept:
                 self.cache.release(sequence.slot)
             sequence.slot = None
+        if sequence in self.running:
+            self.running.remove(sequence)
+        elif sequence in self.waiting:
+            self.waiting.remove(sequence)
+        self._reserved.pop(id(sequence), None)
         sequence.status = SequenceStatus.FINISHED
 
     @property
