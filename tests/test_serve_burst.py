@@ -61,7 +61,9 @@ def test_a_burst_is_shed_past_the_queue_and_the_rest_is_served_exactly(server: S
     shed = [r for r in replies if r.status_code == 503]
     assert len(served) + len(shed) == BURST, sorted({r.status_code for r in replies})
     assert shed, "a burst five times the queue must shed something"
-    assert len(served) >= MAX_QUEUE + SLOTS  # the queue and the slots were used, not refused early
+    # The queue was used, not refused early. Not MAX_QUEUE + SLOTS: when the whole burst is submitted
+    # before the step thread hands out the first slot, only the queue's 100 are in (a CI run saw 103).
+    assert len(served) >= MAX_QUEUE
     for reply in shed:
         assert reply.json()["error"]["code"] == "server_overloaded"
         assert int(reply.headers["retry-after"]) >= 1

@@ -200,9 +200,10 @@ class Engine:
     @property
     def waiting_sequences(self) -> int:
         """Requests submitted and not yet holding a KV slot."""
+        # Both read under the lock that the step thread holds while it moves requests from one to
+        # the other, so a request in the middle of the move is counted once, not twice.
         with self._incoming_lock:
-            incoming = len(self._incoming)
-        return incoming + len(self.scheduler.waiting)
+            return len(self._incoming) + len(self.scheduler.waiting)
 
     def submit(self, request: Request) -> RequestStream:
         """Queue a request and return its event stream (raises RequestError for an impossible one,
@@ -259,9 +260,10 @@ class Engine:
     @property
     def active_sequences(self) -> int:
         """Sequences queued or holding a KV slot (0 when idle)."""
+        # Under the lock, as waiting_sequences; `waiting` is read before `running`, so a sequence
+        # admitted from one to the other between the reads is counted twice rather than missed.
         with self._incoming_lock:
-            incoming = len(self._incoming)
-        return incoming + len(self.scheduler.running) + len(self.scheduler.waiting)
+            return len(self._incoming) + len(self.scheduler.waiting) + len(self.scheduler.running)
 
     def _admit_and_reap(self) -> None:
         """Move submitted requests to the scheduler and end cancelled ones (step lock held)."""
