@@ -7,13 +7,13 @@ Block layouts (little-endian, ggml-common.h):
     Q5_0: d f16, qh u32, qs[16]  weight j = d * ((qs[j] & 15 | bit j of qh << 4) - 16),
                                  weight j + 16 = d * ((qs[j] >> 4 | bit j + 16 of qh << 4) - 16)
 
-matmul_exact decodes each block in vector registers (simd.py) and uses it for up to 4 activation rows
+matmul_exact decodes each block in vector registers (simd.py) and uses it for up to 6 activation rows
 at once: the weights are read from memory once per call for all B rows. dequantize_rows uses the same
 arithmetic as gguf's numpy dequantize, so its weights are bit-identical to it.
 matmul_int8 (legacy_int8.py) works on integers inside a block (exact) and scales per block in float32.
 Batch invariance: threads split the output rows only (prange over rows); every out[b, o] goes through
 the same per-row arithmetic in the same order (simd.py) whether its activation row is computed alone or
-in a group of 2, 3 or 4, whatever B is and wherever row b sits.
+in a group of 2 to 6, whatever B is and wherever row b sits.
 """
 
 from __future__ import annotations
@@ -116,24 +116,35 @@ def _q5_0_row(row, w):
 
 
 @njit(cache=True, parallel=True)
-def _q4_0_exact_fours(blocks, x, out):
+def _q4_0_exact(blocks, x, out):
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 4 sharing each decoded block."""
+    float32 accumulation; activation rows in groups of 6 sharing each decoded block, the last 1 to 5
+    rows in one group (a verify step of 4 drafts and the bonus row is one pass over the weights)."""
     batch = x.shape[0]
     if batch == 1:
         for o in prange(blocks.shape[0]):
             (out[0, o],) = simd.q4_0_dot1(blocks[o], x, 0)
         return
-    full = batch - batch % 4
-    rest = batch % 4
+    full = batch - batch % 6
+    rest = batch % 6
     rows = blocks.shape[0]
-    # a tile of TILE weight rows against each group of 4 activation rows: both stay in L1 (the loop
+    # a tile of TILE weight rows against each group of activation rows: both stay in L1 (the loop
     # order changes nothing in any one dot product)
     for t in prange((rows + TILE - 1) // TILE):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, full, 4):
+        for b in range(0, full, 6):
             for o in range(first, last):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_0_dot4(blocks[o], x, b)
+                r0, r1, r2, r3, r4, r5 = simd.q4_0_dot6(blocks[o], x, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        if rest == 0:
+            continue
         for o in range(first, last):
             if rest == 1:
                 (out[full, o],) = simd.q4_0_dot1(blocks[o], x, full)
@@ -141,37 +152,26 @@ def _q4_0_exact_fours(blocks, x, out):
                 out[full, o], out[full + 1, o] = simd.q4_0_dot2(blocks[o], x, full)
             elif rest == 3:
                 out[full, o], out[full + 1, o], out[full + 2, o] = simd.q4_0_dot3(blocks[o], x, full)
-
-
-@njit(cache=True, parallel=True)
-def _q4_0_exact_five(blocks, x, out):
-    """B = 4n + 1 rows, B > 1: groups of 4, the last 5 rows in one group (a verify step of 4 drafts and
-    the bonus row is one pass over the weights). Kept apart from the groups-of-4 kernel: in one
-    function, LLVM compiled the 2-row loop 1.7x slower."""
-    fours = x.shape[0] - 5
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, fours, 4):
-            for o in range(first, last):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_0_dot4(blocks[o], x, b)
-        for o in range(first, last):
-            r0, r1, r2, r3, r4 = simd.q4_0_dot5(blocks[o], x, fours)
-            out[fours, o], out[fours + 1, o], out[fours + 2, o], out[fours + 3, o], out[fours + 4, o] = (
-                r0,
-                r1,
-                r2,
-                r3,
-                r4,
-            )
+            elif rest == 4:
+                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o] = simd.q4_0_dot4(
+                    blocks[o], x, full
+                )
+            else:
+                r0, r1, r2, r3, r4 = simd.q4_0_dot5(blocks[o], x, full)
+                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o], out[full + 4, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                )
 
 
 def q4_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 4 (5 for the last group when B = 4n + 1 > 1)
-    sharing each decoded block."""
-    batch = x.shape[0]
-    (_q4_0_exact_five if batch > 1 and batch % 4 == 1 else _q4_0_exact_fours)(blocks, x, out)
+    float32 accumulation; activation rows in groups of 6, the last 1 to 5 in one group, sharing each
+    decoded block."""
+    _q4_0_exact(blocks, x, out)
 
 
 @njit(cache=True, parallel=True)
@@ -185,24 +185,35 @@ def q4_0_dequantize_rows(blocks, start, stop, out):
 
 
 @njit(cache=True, parallel=True)
-def _q4_1_exact_fours(blocks, x, out):
+def _q4_1_exact(blocks, x, out):
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_1 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 4 sharing each decoded block."""
+    float32 accumulation; activation rows in groups of 6 sharing each decoded block, the last 1 to 5
+    rows in one group (a verify step of 4 drafts and the bonus row is one pass over the weights)."""
     batch = x.shape[0]
     if batch == 1:
         for o in prange(blocks.shape[0]):
             (out[0, o],) = simd.q4_1_dot1(blocks[o], x, 0)
         return
-    full = batch - batch % 4
-    rest = batch % 4
+    full = batch - batch % 6
+    rest = batch % 6
     rows = blocks.shape[0]
-    # a tile of TILE weight rows against each group of 4 activation rows: both stay in L1 (the loop
+    # a tile of TILE weight rows against each group of activation rows: both stay in L1 (the loop
     # order changes nothing in any one dot product)
     for t in prange((rows + TILE - 1) // TILE):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, full, 4):
+        for b in range(0, full, 6):
             for o in range(first, last):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_1_dot4(blocks[o], x, b)
+                r0, r1, r2, r3, r4, r5 = simd.q4_1_dot6(blocks[o], x, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        if rest == 0:
+            continue
         for o in range(first, last):
             if rest == 1:
                 (out[full, o],) = simd.q4_1_dot1(blocks[o], x, full)
@@ -210,37 +221,26 @@ def _q4_1_exact_fours(blocks, x, out):
                 out[full, o], out[full + 1, o] = simd.q4_1_dot2(blocks[o], x, full)
             elif rest == 3:
                 out[full, o], out[full + 1, o], out[full + 2, o] = simd.q4_1_dot3(blocks[o], x, full)
-
-
-@njit(cache=True, parallel=True)
-def _q4_1_exact_five(blocks, x, out):
-    """B = 4n + 1 rows, B > 1: groups of 4, the last 5 rows in one group (a verify step of 4 drafts and
-    the bonus row is one pass over the weights). Kept apart from the groups-of-4 kernel: in one
-    function, LLVM compiled the 2-row loop 1.7x slower."""
-    fours = x.shape[0] - 5
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, fours, 4):
-            for o in range(first, last):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q4_1_dot4(blocks[o], x, b)
-        for o in range(first, last):
-            r0, r1, r2, r3, r4 = simd.q4_1_dot5(blocks[o], x, fours)
-            out[fours, o], out[fours + 1, o], out[fours + 2, o], out[fours + 3, o], out[fours + 4, o] = (
-                r0,
-                r1,
-                r2,
-                r3,
-                r4,
-            )
+            elif rest == 4:
+                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o] = simd.q4_1_dot4(
+                    blocks[o], x, full
+                )
+            else:
+                r0, r1, r2, r3, r4 = simd.q4_1_dot5(blocks[o], x, full)
+                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o], out[full + 4, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                )
 
 
 def q4_1_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_1 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 4 (5 for the last group when B = 4n + 1 > 1)
-    sharing each decoded block."""
-    batch = x.shape[0]
-    (_q4_1_exact_five if batch > 1 and batch % 4 == 1 else _q4_1_exact_fours)(blocks, x, out)
+    float32 accumulation; activation rows in groups of 6, the last 1 to 5 in one group, sharing each
+    decoded block."""
+    _q4_1_exact(blocks, x, out)
 
 
 @njit(cache=True, parallel=True)
@@ -254,24 +254,35 @@ def q4_1_dequantize_rows(blocks, start, stop, out):
 
 
 @njit(cache=True, parallel=True)
-def _q8_0_exact_fours(blocks, x, out):
+def _q8_0_exact(blocks, x, out):
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q8_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 4 sharing each decoded block."""
+    float32 accumulation; activation rows in groups of 6 sharing each decoded block, the last 1 to 5
+    rows in one group (a verify step of 4 drafts and the bonus row is one pass over the weights)."""
     batch = x.shape[0]
     if batch == 1:
         for o in prange(blocks.shape[0]):
             (out[0, o],) = simd.q8_0_dot1(blocks[o], x, 0)
         return
-    full = batch - batch % 4
-    rest = batch % 4
+    full = batch - batch % 6
+    rest = batch % 6
     rows = blocks.shape[0]
-    # a tile of TILE weight rows against each group of 4 activation rows: both stay in L1 (the loop
+    # a tile of TILE weight rows against each group of activation rows: both stay in L1 (the loop
     # order changes nothing in any one dot product)
     for t in prange((rows + TILE - 1) // TILE):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, full, 4):
+        for b in range(0, full, 6):
             for o in range(first, last):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q8_0_dot4(blocks[o], x, b)
+                r0, r1, r2, r3, r4, r5 = simd.q8_0_dot6(blocks[o], x, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        if rest == 0:
+            continue
         for o in range(first, last):
             if rest == 1:
                 (out[full, o],) = simd.q8_0_dot1(blocks[o], x, full)
@@ -279,37 +290,26 @@ def _q8_0_exact_fours(blocks, x, out):
                 out[full, o], out[full + 1, o] = simd.q8_0_dot2(blocks[o], x, full)
             elif rest == 3:
                 out[full, o], out[full + 1, o], out[full + 2, o] = simd.q8_0_dot3(blocks[o], x, full)
-
-
-@njit(cache=True, parallel=True)
-def _q8_0_exact_five(blocks, x, out):
-    """B = 4n + 1 rows, B > 1: groups of 4, the last 5 rows in one group (a verify step of 4 drafts and
-    the bonus row is one pass over the weights). Kept apart from the groups-of-4 kernel: in one
-    function, LLVM compiled the 2-row loop 1.7x slower."""
-    fours = x.shape[0] - 5
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, fours, 4):
-            for o in range(first, last):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q8_0_dot4(blocks[o], x, b)
-        for o in range(first, last):
-            r0, r1, r2, r3, r4 = simd.q8_0_dot5(blocks[o], x, fours)
-            out[fours, o], out[fours + 1, o], out[fours + 2, o], out[fours + 3, o], out[fours + 4, o] = (
-                r0,
-                r1,
-                r2,
-                r3,
-                r4,
-            )
+            elif rest == 4:
+                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o] = simd.q8_0_dot4(
+                    blocks[o], x, full
+                )
+            else:
+                r0, r1, r2, r3, r4 = simd.q8_0_dot5(blocks[o], x, full)
+                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o], out[full + 4, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                )
 
 
 def q8_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q8_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 4 (5 for the last group when B = 4n + 1 > 1)
-    sharing each decoded block."""
-    batch = x.shape[0]
-    (_q8_0_exact_five if batch > 1 and batch % 4 == 1 else _q8_0_exact_fours)(blocks, x, out)
+    float32 accumulation; activation rows in groups of 6, the last 1 to 5 in one group, sharing each
+    decoded block."""
+    _q8_0_exact(blocks, x, out)
 
 
 @njit(cache=True, parallel=True)
@@ -323,21 +323,35 @@ def q8_0_dequantize_rows(blocks, start, stop, out):
 
 
 @njit(cache=True, parallel=True)
-def _q5_0_exact_fours(blocks, x, out):
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q5_0 blocks, as q4_0_matmul_exact (same tiling and order)."""
+def _q5_0_exact(blocks, x, out):
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q5_0 blocks: weights decoded in registers (simd.py),
+    float32 accumulation; activation rows in groups of 6 sharing each decoded block, the last 1 to 5
+    rows in one group (a verify step of 4 drafts and the bonus row is one pass over the weights)."""
     batch = x.shape[0]
     if batch == 1:
         for o in prange(blocks.shape[0]):
             (out[0, o],) = simd.q5_0_dot1(blocks[o], x, 0)
         return
-    full = batch - batch % 4
-    rest = batch % 4
+    full = batch - batch % 6
+    rest = batch % 6
     rows = blocks.shape[0]
+    # a tile of TILE weight rows against each group of activation rows: both stay in L1 (the loop
+    # order changes nothing in any one dot product)
     for t in prange((rows + TILE - 1) // TILE):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, full, 4):
+        for b in range(0, full, 6):
             for o in range(first, last):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q5_0_dot4(blocks[o], x, b)
+                r0, r1, r2, r3, r4, r5 = simd.q5_0_dot6(blocks[o], x, b)
+                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                    r5,
+                )
+        if rest == 0:
+            continue
         for o in range(first, last):
             if rest == 1:
                 (out[full, o],) = simd.q5_0_dot1(blocks[o], x, full)
@@ -345,37 +359,26 @@ def _q5_0_exact_fours(blocks, x, out):
                 out[full, o], out[full + 1, o] = simd.q5_0_dot2(blocks[o], x, full)
             elif rest == 3:
                 out[full, o], out[full + 1, o], out[full + 2, o] = simd.q5_0_dot3(blocks[o], x, full)
-
-
-@njit(cache=True, parallel=True)
-def _q5_0_exact_five(blocks, x, out):
-    """B = 4n + 1 rows, B > 1: groups of 4, the last 5 rows in one group (a verify step of 4 drafts and
-    the bonus row is one pass over the weights). Kept apart from the groups-of-4 kernel: in one
-    function, LLVM compiled the 2-row loop 1.7x slower."""
-    fours = x.shape[0] - 5
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, fours, 4):
-            for o in range(first, last):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = simd.q5_0_dot4(blocks[o], x, b)
-        for o in range(first, last):
-            r0, r1, r2, r3, r4 = simd.q5_0_dot5(blocks[o], x, fours)
-            out[fours, o], out[fours + 1, o], out[fours + 2, o], out[fours + 3, o], out[fours + 4, o] = (
-                r0,
-                r1,
-                r2,
-                r3,
-                r4,
-            )
+            elif rest == 4:
+                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o] = simd.q5_0_dot4(
+                    blocks[o], x, full
+                )
+            else:
+                r0, r1, r2, r3, r4 = simd.q5_0_dot5(blocks[o], x, full)
+                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o], out[full + 4, o] = (
+                    r0,
+                    r1,
+                    r2,
+                    r3,
+                    r4,
+                )
 
 
 def q5_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out[b, o] = sum_i x[b, i] * W[o, i] for Q5_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 4 (5 for the last group when B = 4n + 1 > 1)
-    sharing each decoded block."""
-    batch = x.shape[0]
-    (_q5_0_exact_five if batch > 1 and batch % 4 == 1 else _q5_0_exact_fours)(blocks, x, out)
+    float32 accumulation; activation rows in groups of 6, the last 1 to 5 in one group, sharing each
+    decoded block."""
+    _q5_0_exact(blocks, x, out)
 
 
 @njit(cache=True, parallel=True)
