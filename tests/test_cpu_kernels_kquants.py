@@ -224,14 +224,14 @@ def test_non_contiguous_activations(case: tuple[str, np.ndarray, np.ndarray]) ->
 @pytest.mark.parametrize("type_name", TYPES)
 def test_register_decoded_kernels_give_the_buffer_paths_bits(type_name: str) -> None:
     """Q4_K, Q5_K and Q6_K decode their weights in registers (kquants_simd.py): every output, for B from 1
-    to 16 (the groups of 4 and each remainder), has the bits of the dequantize-into-a-buffer path, the
+    to 16 (the groups of 6 and each remainder), has the bits of the dequantize-into-a-buffer path, the
     kernels' first form, whose bits the gate anchors pinned. Blocks include a subnormal and a zero d."""
     from infer.engine.backends.cpu_kernels import kquants
 
     kind = TYPES.index(type_name)  # _matmul's kind: 0 Q4_K, 1 Q5_K, 2 Q6_K
     blocks = random_blocks(type_name, N_OUT, N_IN, seed=11)
     rng = np.random.default_rng(12)
-    for rows in (1, 2, 3, 4, 5, 6, 7, 16):
+    for rows in range(1, 17):
         x = rng.standard_normal((rows, N_IN)).astype(np.float32)
         buffered = np.empty((rows, N_OUT), np.float32)
         kquants._matmul(blocks, x, buffered, kind)

@@ -279,17 +279,93 @@ def _matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int) -> No
                 out[b, o] = _vdot(w, x[b], n_in)
 
 
+@njit(inline="always", cache=True)
+def _q4_k_rows(row, ds, dm, x, b, count, o, out):
+    """out[b .. b + count - 1, o] for Q4_K weight row `row`: one call of the `count`-row dot (1..6)."""
+    if count == 6:
+        r0, r1, r2, r3, r4, r5 = kquants_simd.q4_k_dot6(row, ds, dm, x, b)
+        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+            r0,
+            r1,
+            r2,
+            r3,
+            r4,
+            r5,
+        )
+    elif count == 5:
+        r0, r1, r2, r3, r4 = kquants_simd.q4_k_dot5(row, ds, dm, x, b)
+        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+    elif count == 4:
+        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q4_k_dot4(row, ds, dm, x, b)
+    elif count == 3:
+        out[b, o], out[b + 1, o], out[b + 2, o] = kquants_simd.q4_k_dot3(row, ds, dm, x, b)
+    elif count == 2:
+        out[b, o], out[b + 1, o] = kquants_simd.q4_k_dot2(row, ds, dm, x, b)
+    else:
+        (out[b, o],) = kquants_simd.q4_k_dot1(row, ds, dm, x, b)
+
+
+@njit(inline="always", cache=True)
+def _q5_k_rows(row, ds, dm, x, b, count, o, out):
+    """As `_q4_k_rows`, for Q5_K."""
+    if count == 6:
+        r0, r1, r2, r3, r4, r5 = kquants_simd.q5_k_dot6(row, ds, dm, x, b)
+        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+            r0,
+            r1,
+            r2,
+            r3,
+            r4,
+            r5,
+        )
+    elif count == 5:
+        r0, r1, r2, r3, r4 = kquants_simd.q5_k_dot5(row, ds, dm, x, b)
+        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+    elif count == 4:
+        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q5_k_dot4(row, ds, dm, x, b)
+    elif count == 3:
+        out[b, o], out[b + 1, o], out[b + 2, o] = kquants_simd.q5_k_dot3(row, ds, dm, x, b)
+    elif count == 2:
+        out[b, o], out[b + 1, o] = kquants_simd.q5_k_dot2(row, ds, dm, x, b)
+    else:
+        (out[b, o],) = kquants_simd.q5_k_dot1(row, ds, dm, x, b)
+
+
+@njit(inline="always", cache=True)
+def _q6_k_rows(row, ds, x, b, count, o, out):
+    """As `_q4_k_rows`, for Q6_K (no mins: its scales are passed twice)."""
+    if count == 6:
+        r0, r1, r2, r3, r4, r5 = kquants_simd.q6_k_dot6(row, ds, ds, x, b)
+        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
+            r0,
+            r1,
+            r2,
+            r3,
+            r4,
+            r5,
+        )
+    elif count == 5:
+        r0, r1, r2, r3, r4 = kquants_simd.q6_k_dot5(row, ds, ds, x, b)
+        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+    elif count == 4:
+        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q6_k_dot4(row, ds, ds, x, b)
+    elif count == 3:
+        out[b, o], out[b + 1, o], out[b + 2, o] = kquants_simd.q6_k_dot3(row, ds, ds, x, b)
+    elif count == 2:
+        out[b, o], out[b + 1, o] = kquants_simd.q6_k_dot2(row, ds, ds, x, b)
+    else:
+        (out[b, o],) = kquants_simd.q6_k_dot1(row, ds, ds, x, b)
+
+
 @njit(cache=True, parallel=True)
 def _q45_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int) -> None:
     """out = x @ W.T for Q4_K (kind 0) or Q5_K (kind 1) with the weights decoded in registers
-    (kquants_simd.py), activation rows in groups of 4 sharing each decoded chunk: the same bits as
-    `_matmul`, faster."""
+    (kquants_simd.py), activation rows in groups of 6 (the last 1 to 5 in one group) sharing each
+    decoded chunk: the same bits as `_matmul`, faster."""
     n_b, n_in = x.shape
     n_out = blocks.shape[0]
     n_sb = n_in // QK_K
     block_bytes = Q4_K_BYTES if kind == 0 else Q5_K_BYTES
-    full = n_b - n_b % 4
-    rest = n_b - full
     for t in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ds = np.empty(8 * n_sb, np.float32)
         dm = np.empty(8 * n_sb, np.float32)
@@ -297,61 +373,29 @@ def _q45_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int)
             row = blocks[o]
             for sb in range(n_sb):
                 _scales_mins(row, sb * block_bytes, ds, dm, 8 * sb)
-            if kind == 0:
-                for b in range(0, full, 4):
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q4_k_dot4(
-                        row, ds, dm, x, b
-                    )
-                if rest == 1:
-                    (out[full, o],) = kquants_simd.q4_k_dot1(row, ds, dm, x, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = kquants_simd.q4_k_dot2(row, ds, dm, x, full)
-                elif rest == 3:
-                    out[full, o], out[full + 1, o], out[full + 2, o] = kquants_simd.q4_k_dot3(
-                        row, ds, dm, x, full
-                    )
-            else:
-                for b in range(0, full, 4):
-                    out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q5_k_dot4(
-                        row, ds, dm, x, b
-                    )
-                if rest == 1:
-                    (out[full, o],) = kquants_simd.q5_k_dot1(row, ds, dm, x, full)
-                elif rest == 2:
-                    out[full, o], out[full + 1, o] = kquants_simd.q5_k_dot2(row, ds, dm, x, full)
-                elif rest == 3:
-                    out[full, o], out[full + 1, o], out[full + 2, o] = kquants_simd.q5_k_dot3(
-                        row, ds, dm, x, full
-                    )
+            for b in range(0, n_b, 6):
+                if kind == 0:
+                    _q4_k_rows(row, ds, dm, x, b, min(6, n_b - b), o, out)
+                else:
+                    _q5_k_rows(row, ds, dm, x, b, min(6, n_b - b), o, out)
 
 
 @njit(cache=True, parallel=True)
 def _q6_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out = x @ W.T for Q6_K with the weights decoded in registers (kquants_simd.py), activation rows
-    in groups of 4 sharing each decoded chunk: the same bits as `_matmul` (kind 2), faster."""
+    in groups of 6 (the last 1 to 5 in one group) sharing each decoded chunk: the same bits as
+    `_matmul` (kind 2), faster."""
     n_b, n_in = x.shape
     n_out = blocks.shape[0]
     n_sb = n_in // QK_K
-    full = n_b - n_b % 4
-    rest = n_b - full
     for t in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ds = np.empty(16 * n_sb, np.float32)
         for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
             row = blocks[o]
             for sb in range(n_sb):
                 _scales_q6(row, sb * Q6_K_BYTES, ds, 16 * sb)
-            for b in range(0, full, 4):
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q6_k_dot4(
-                    row, ds, ds, x, b
-                )
-            if rest == 1:
-                (out[full, o],) = kquants_simd.q6_k_dot1(row, ds, ds, x, full)
-            elif rest == 2:
-                out[full, o], out[full + 1, o] = kquants_simd.q6_k_dot2(row, ds, ds, x, full)
-            elif rest == 3:
-                out[full, o], out[full + 1, o], out[full + 2, o] = kquants_simd.q6_k_dot3(
-                    row, ds, ds, x, full
-                )
+            for b in range(0, n_b, 6):
+                _q6_k_rows(row, ds, x, b, min(6, n_b - b), o, out)
 
 
 @njit(cache=True)

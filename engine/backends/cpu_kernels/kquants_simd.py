@@ -2,7 +2,7 @@
 
 The first K-quant kernels dequantize a weight row into a float32 buffer with plain numba loops, then
 dot it with each activation row (kquants._vdot). Here each 64-weight chunk of a super-block is decoded
-in registers and used at once by 1 to 4 activation rows. A Q4_K chunk (32 bytes of nibbles: the low
+in registers and used at once by 1 to 6 activation rows. A Q4_K chunk (32 bytes of nibbles: the low
 nibbles are sub-block 2g, the high ones sub-block 2g + 1) is two 16-byte loads, an and and a shift,
 and ds * q - dm (Q5_K adds a fifth bit from qh); a Q6_K chunk takes its 4 low bits from ql and 2
 high bits from qh, and ds * (q - 32).
@@ -191,6 +191,13 @@ def _make(kind: str, rows: int, decode):
     return intrinsic(typer)
 
 
-q4_k_dot1, q4_k_dot2, q4_k_dot3, q4_k_dot4 = (_make("q4_k", r, _q4_k_weights) for r in (1, 2, 3, 4))
-q5_k_dot1, q5_k_dot2, q5_k_dot3, q5_k_dot4 = (_make("q5_k", r, _q5_k_weights) for r in (1, 2, 3, 4))
-q6_k_dot1, q6_k_dot2, q6_k_dot3, q6_k_dot4 = (_make("q6_k", r, _q6_k_weights) for r in (1, 2, 3, 4))
+# 1 to 6 activation rows per call: 6 rows of 4 accumulators and a chunk's 4 weight vectors stay in registers
+q4_k_dot1, q4_k_dot2, q4_k_dot3, q4_k_dot4, q4_k_dot5, q4_k_dot6 = (
+    _make("q4_k", r, _q4_k_weights) for r in range(1, 7)
+)
+q5_k_dot1, q5_k_dot2, q5_k_dot3, q5_k_dot4, q5_k_dot5, q5_k_dot6 = (
+    _make("q5_k", r, _q5_k_weights) for r in range(1, 7)
+)
+q6_k_dot1, q6_k_dot2, q6_k_dot3, q6_k_dot4, q6_k_dot5, q6_k_dot6 = (
+    _make("q6_k", r, _q6_k_weights) for r in range(1, 7)
+)
