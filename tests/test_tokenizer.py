@@ -256,3 +256,29 @@ def test_lone_surrogate_is_a_clear_error(smollm: Tokenizer) -> None:
     the position, not a TypeError from deep inside `tokenizers`."""
     with pytest.raises(ValueError, match="lone surrogate at character 1"):
         smollm.encode("a\ud800b")
+
+
+@pytest.mark.real_model
+def test_byte_level_tokens_render_as_the_alphabet_defines(smollm: Tokenizer, smollm_metadata: dict) -> None:
+    """Every token of the default model's vocabulary renders to the bytes the GPT-2 alphabet gives
+    character by character (a token with a character outside it stays UTF-8 text), as the translate
+    table and pattern that replaced the per-character loop must."""
+    from infer.engine.text.tokenizer import _byte_level_decoder_table, _ByteLevelAlphabet
+
+    table = _byte_level_decoder_table()
+
+    def by_definition(token: str) -> bytes:
+        if all(ch in table for ch in token):
+            return bytes(table[ch] for ch in token)
+        return token.encode("utf-8")
+
+    tokens = smollm_metadata["tokenizer.ggml.tokens"]
+    special = set(smollm.special_ids)
+    rendered = [smollm.token_bytes(i) for i in range(len(tokens))]
+    expected = [t.encode("utf-8") if i in special else by_definition(t) for i, t in enumerate(tokens)]
+    assert rendered == expected
+    assert any(b >= 0x80 for token in rendered for b in token)  # multi-byte pieces were covered
+    # characters outside the alphabet, ASCII and latin-1 included, and the alphabet's own edge cases
+    alphabet = _ByteLevelAlphabet.build()
+    for token in ("", "a b", "\xa0", "\xad", "é", "Ġé", "ĠĊ", "]^-\\", "\u0100\u0143", "日本", "Ġ\x7f"):
+        assert alphabet.bytes_of(token) == by_definition(token), token
