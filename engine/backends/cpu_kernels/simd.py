@@ -159,9 +159,13 @@ def _rows_dot_codegen(kind: str, rows: int):
         qp = builder.gep(blk, [ir.Constant(_I64, quant_offset)])
         if nibbles:
             q = load_vec(builder, qp, _V16I8)
+            # Widened to 32 bits once, then split: one byte-to-dword shuffle per block instead of one
+            # per half, and the and/shift (and Q5_0's fifth bits) on dwords: the same integers as on
+            # bytes, converted to float straight from the dwords
+            q32 = builder.zext(q, _V16I32)
+            lo = builder.and_(q32, ir.Constant(_V16I32, [15] * 16))
+            hi = builder.lshr(q32, ir.Constant(_V16I32, [4] * 16))
             if kind == "q5_0":  # 5th bits from qh: weight j takes bit j, weight j + 16 bit j + 16
-                lo = builder.and_(q, ir.Constant(_V16I8, [15] * 16))
-                hi = builder.lshr(q, ir.Constant(_V16I8, [4] * 16))
                 qh = builder.load(
                     builder.bitcast(builder.gep(blk, [ir.Constant(_I64, 2)]), _I32.as_pointer()), align=1
                 )
@@ -170,31 +174,23 @@ def _rows_dot_codegen(kind: str, rows: int):
                     ir.Constant(_V16I32, ir.Undefined),
                     ir.Constant(_V16I32, None),
                 )
-                one = ir.Constant(_V16I32, [1] * 16)
-                bits = []
-                for first in (0, 16):
+                fifth = ir.Constant(_V16I32, [16] * 16)
+                sixteen = ir.Constant(_V16I32, [16] * 16)
+                weights = []
+                for first, low_bits in ((0, lo), (16, hi)):
+                    # bit (first + j) of qh, moved to bit 4: (qh >> (first + j)) << 4, masked to 16
                     shifted = builder.lshr(qh_lanes, ir.Constant(_V16I32, list(range(first, first + 16))))
-                    bits.append(
-                        builder.shl(
-                            builder.trunc(builder.and_(shifted, one), _V16I8), ir.Constant(_V16I8, [4] * 16)
-                        )
-                    )
-                sixteen = ir.Constant(_V16I8, [16] * 16)
-                w0 = builder.fmul(d, builder.sitofp(builder.sub(builder.or_(lo, bits[0]), sixteen), _V16F))
-                w1 = builder.fmul(d, builder.sitofp(builder.sub(builder.or_(hi, bits[1]), sixteen), _V16F))
-            else:
-                # Widened to 32 bits once, then split: one byte-to-dword shuffle per block instead of
-                # one per half, and an and/shift on dwords (the same integers as on the bytes)
-                q32 = builder.zext(q, _V16I32)
-                lo = builder.and_(q32, ir.Constant(_V16I32, [15] * 16))
-                hi = builder.lshr(q32, ir.Constant(_V16I32, [4] * 16))
-                if has_min:  # Q4_1: d * q + m, one rounding
-                    w0 = fma(builder, d, builder.sitofp(lo, _V16F), m)
-                    w1 = fma(builder, d, builder.sitofp(hi, _V16F), m)
-                else:  # Q4_0: d * (q - 8), q - 8 exact
-                    eight = ir.Constant(_V16I32, [8] * 16)
-                    w0 = builder.fmul(d, builder.sitofp(builder.sub(lo, eight), _V16F))
-                    w1 = builder.fmul(d, builder.sitofp(builder.sub(hi, eight), _V16F))
+                    bit = builder.and_(builder.shl(shifted, ir.Constant(_V16I32, [4] * 16)), fifth)
+                    value = builder.sub(builder.or_(low_bits, bit), sixteen)
+                    weights.append(builder.fmul(d, builder.sitofp(value, _V16F)))
+                w0, w1 = weights
+            elif has_min:  # Q4_1: d * q + m, one rounding
+                w0 = fma(builder, d, builder.sitofp(lo, _V16F), m)
+                w1 = fma(builder, d, builder.sitofp(hi, _V16F), m)
+            else:  # Q4_0: d * (q - 8), q - 8 exact
+                eight = ir.Constant(_V16I32, [8] * 16)
+                w0 = builder.fmul(d, builder.sitofp(builder.sub(lo, eight), _V16F))
+                w1 = builder.fmul(d, builder.sitofp(builder.sub(hi, eight), _V16F))
         else:  # Q8_0: d * q over two runs of 16 signed bytes
             w0 = builder.fmul(d, builder.sitofp(load_vec(builder, qp, _V16I8), _V16F))
             q1 = load_vec(builder, builder.gep(qp, [ir.Constant(_I64, 16)]), _V16I8)
