@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 from infer.engine.backends.cpu_kernels import kquants_simd
 from infer.engine.backends.cpu_kernels.bits import half_to_f32
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
-from infer.engine.backends.cpu_kernels.simd import exit_values, sum_lanes
+from infer.engine.backends.cpu_kernels.simd import exit_values, store_column, sum_lanes
 
 QK_K = 256
 """Weights per super-block."""
@@ -283,78 +283,51 @@ def _matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray, kind: int) -> No
 def _q4_k_rows(row, ds, dm, x, b, count, o, out):
     """out[b .. b + count - 1, o] for Q4_K weight row `row`: one call of the `count`-row dot (1..6)."""
     if count == 6:
-        r0, r1, r2, r3, r4, r5 = kquants_simd.q4_k_dot6(row, ds, dm, x, b)
-        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-            r0,
-            r1,
-            r2,
-            r3,
-            r4,
-            r5,
-        )
+        store_column(out, b, o, kquants_simd.q4_k_dot6(row, ds, dm, x, b))
     elif count == 5:
-        r0, r1, r2, r3, r4 = kquants_simd.q4_k_dot5(row, ds, dm, x, b)
-        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        store_column(out, b, o, kquants_simd.q4_k_dot5(row, ds, dm, x, b))
     elif count == 4:
-        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q4_k_dot4(row, ds, dm, x, b)
+        store_column(out, b, o, kquants_simd.q4_k_dot4(row, ds, dm, x, b))
     elif count == 3:
-        out[b, o], out[b + 1, o], out[b + 2, o] = kquants_simd.q4_k_dot3(row, ds, dm, x, b)
+        store_column(out, b, o, kquants_simd.q4_k_dot3(row, ds, dm, x, b))
     elif count == 2:
-        out[b, o], out[b + 1, o] = kquants_simd.q4_k_dot2(row, ds, dm, x, b)
+        store_column(out, b, o, kquants_simd.q4_k_dot2(row, ds, dm, x, b))
     else:
-        (out[b, o],) = kquants_simd.q4_k_dot1(row, ds, dm, x, b)
+        store_column(out, b, o, kquants_simd.q4_k_dot1(row, ds, dm, x, b))
 
 
 @njit(inline="always", cache=True)
 def _q5_k_rows(row, ds, dm, x, b, count, o, out):
     """As `_q4_k_rows`, for Q5_K."""
     if count == 6:
-        r0, r1, r2, r3, r4, r5 = kquants_simd.q5_k_dot6(row, ds, dm, x, b)
-        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-            r0,
-            r1,
-            r2,
-            r3,
-            r4,
-            r5,
-        )
+        store_column(out, b, o, kquants_simd.q5_k_dot6(row, ds, dm, x, b))
     elif count == 5:
-        r0, r1, r2, r3, r4 = kquants_simd.q5_k_dot5(row, ds, dm, x, b)
-        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        store_column(out, b, o, kquants_simd.q5_k_dot5(row, ds, dm, x, b))
     elif count == 4:
-        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q5_k_dot4(row, ds, dm, x, b)
+        store_column(out, b, o, kquants_simd.q5_k_dot4(row, ds, dm, x, b))
     elif count == 3:
-        out[b, o], out[b + 1, o], out[b + 2, o] = kquants_simd.q5_k_dot3(row, ds, dm, x, b)
+        store_column(out, b, o, kquants_simd.q5_k_dot3(row, ds, dm, x, b))
     elif count == 2:
-        out[b, o], out[b + 1, o] = kquants_simd.q5_k_dot2(row, ds, dm, x, b)
+        store_column(out, b, o, kquants_simd.q5_k_dot2(row, ds, dm, x, b))
     else:
-        (out[b, o],) = kquants_simd.q5_k_dot1(row, ds, dm, x, b)
+        store_column(out, b, o, kquants_simd.q5_k_dot1(row, ds, dm, x, b))
 
 
 @njit(inline="always", cache=True)
 def _q6_k_rows(row, ds, x, b, count, o, out):
     """As `_q4_k_rows`, for Q6_K (no mins: its scales are passed twice)."""
     if count == 6:
-        r0, r1, r2, r3, r4, r5 = kquants_simd.q6_k_dot6(row, ds, ds, x, b)
-        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-            r0,
-            r1,
-            r2,
-            r3,
-            r4,
-            r5,
-        )
+        store_column(out, b, o, kquants_simd.q6_k_dot6(row, ds, ds, x, b))
     elif count == 5:
-        r0, r1, r2, r3, r4 = kquants_simd.q6_k_dot5(row, ds, ds, x, b)
-        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+        store_column(out, b, o, kquants_simd.q6_k_dot5(row, ds, ds, x, b))
     elif count == 4:
-        out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = kquants_simd.q6_k_dot4(row, ds, ds, x, b)
+        store_column(out, b, o, kquants_simd.q6_k_dot4(row, ds, ds, x, b))
     elif count == 3:
-        out[b, o], out[b + 1, o], out[b + 2, o] = kquants_simd.q6_k_dot3(row, ds, ds, x, b)
+        store_column(out, b, o, kquants_simd.q6_k_dot3(row, ds, ds, x, b))
     elif count == 2:
-        out[b, o], out[b + 1, o] = kquants_simd.q6_k_dot2(row, ds, ds, x, b)
+        store_column(out, b, o, kquants_simd.q6_k_dot2(row, ds, ds, x, b))
     else:
-        (out[b, o],) = kquants_simd.q6_k_dot1(row, ds, ds, x, b)
+        store_column(out, b, o, kquants_simd.q6_k_dot1(row, ds, ds, x, b))
 
 
 @njit(cache=True, parallel=True)

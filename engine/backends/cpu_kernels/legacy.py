@@ -134,37 +134,20 @@ def _q4_0_exact(blocks, x, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, full, 6):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd.q4_0_dot6(blocks[o], x, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                simd.store_column(out, b, o, simd.q4_0_dot6(blocks[o], x, b))
         if rest == 0:
             continue
         for o in range(first, last):
             if rest == 1:
-                (out[full, o],) = simd.q4_0_dot1(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q4_0_dot1(blocks[o], x, full))
             elif rest == 2:
-                out[full, o], out[full + 1, o] = simd.q4_0_dot2(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q4_0_dot2(blocks[o], x, full))
             elif rest == 3:
-                out[full, o], out[full + 1, o], out[full + 2, o] = simd.q4_0_dot3(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q4_0_dot3(blocks[o], x, full))
             elif rest == 4:
-                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o] = simd.q4_0_dot4(
-                    blocks[o], x, full
-                )
+                simd.store_column(out, full, o, simd.q4_0_dot4(blocks[o], x, full))
             else:
-                r0, r1, r2, r3, r4 = simd.q4_0_dot5(blocks[o], x, full)
-                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o], out[full + 4, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                )
+                simd.store_column(out, full, o, simd.q4_0_dot5(blocks[o], x, full))
 
 
 def q4_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
@@ -203,37 +186,20 @@ def _q4_1_exact(blocks, x, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, full, 6):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd.q4_1_dot6(blocks[o], x, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                simd.store_column(out, b, o, simd.q4_1_dot6(blocks[o], x, b))
         if rest == 0:
             continue
         for o in range(first, last):
             if rest == 1:
-                (out[full, o],) = simd.q4_1_dot1(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q4_1_dot1(blocks[o], x, full))
             elif rest == 2:
-                out[full, o], out[full + 1, o] = simd.q4_1_dot2(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q4_1_dot2(blocks[o], x, full))
             elif rest == 3:
-                out[full, o], out[full + 1, o], out[full + 2, o] = simd.q4_1_dot3(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q4_1_dot3(blocks[o], x, full))
             elif rest == 4:
-                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o] = simd.q4_1_dot4(
-                    blocks[o], x, full
-                )
+                simd.store_column(out, full, o, simd.q4_1_dot4(blocks[o], x, full))
             else:
-                r0, r1, r2, r3, r4 = simd.q4_1_dot5(blocks[o], x, full)
-                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o], out[full + 4, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                )
+                simd.store_column(out, full, o, simd.q4_1_dot5(blocks[o], x, full))
 
 
 def q4_1_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
@@ -272,37 +238,20 @@ def _q8_0_exact(blocks, x, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, full, 6):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd.q8_0_dot6(blocks[o], x, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                simd.store_column(out, b, o, simd.q8_0_dot6(blocks[o], x, b))
         if rest == 0:
             continue
         for o in range(first, last):
             if rest == 1:
-                (out[full, o],) = simd.q8_0_dot1(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q8_0_dot1(blocks[o], x, full))
             elif rest == 2:
-                out[full, o], out[full + 1, o] = simd.q8_0_dot2(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q8_0_dot2(blocks[o], x, full))
             elif rest == 3:
-                out[full, o], out[full + 1, o], out[full + 2, o] = simd.q8_0_dot3(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q8_0_dot3(blocks[o], x, full))
             elif rest == 4:
-                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o] = simd.q8_0_dot4(
-                    blocks[o], x, full
-                )
+                simd.store_column(out, full, o, simd.q8_0_dot4(blocks[o], x, full))
             else:
-                r0, r1, r2, r3, r4 = simd.q8_0_dot5(blocks[o], x, full)
-                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o], out[full + 4, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                )
+                simd.store_column(out, full, o, simd.q8_0_dot5(blocks[o], x, full))
 
 
 def q8_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
@@ -341,37 +290,20 @@ def _q5_0_exact(blocks, x, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, full, 6):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd.q5_0_dot6(blocks[o], x, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                simd.store_column(out, b, o, simd.q5_0_dot6(blocks[o], x, b))
         if rest == 0:
             continue
         for o in range(first, last):
             if rest == 1:
-                (out[full, o],) = simd.q5_0_dot1(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q5_0_dot1(blocks[o], x, full))
             elif rest == 2:
-                out[full, o], out[full + 1, o] = simd.q5_0_dot2(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q5_0_dot2(blocks[o], x, full))
             elif rest == 3:
-                out[full, o], out[full + 1, o], out[full + 2, o] = simd.q5_0_dot3(blocks[o], x, full)
+                simd.store_column(out, full, o, simd.q5_0_dot3(blocks[o], x, full))
             elif rest == 4:
-                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o] = simd.q5_0_dot4(
-                    blocks[o], x, full
-                )
+                simd.store_column(out, full, o, simd.q5_0_dot4(blocks[o], x, full))
             else:
-                r0, r1, r2, r3, r4 = simd.q5_0_dot5(blocks[o], x, full)
-                out[full, o], out[full + 1, o], out[full + 2, o], out[full + 3, o], out[full + 4, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                )
+                simd.store_column(out, full, o, simd.q5_0_dot5(blocks[o], x, full))
 
 
 def q5_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:

@@ -21,7 +21,7 @@ editing this file, touch legacy.py (or clear its __pycache__) so the kernels are
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic
 
 _I8 = ir.IntType(8)
@@ -48,6 +48,14 @@ def splat(builder: ir.IRBuilder, value: ir.Value, width: int = 16) -> ir.Value:
     vec = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
     mask = ir.Constant(ir.VectorType(ir.IntType(32), width), None)
     return builder.shuffle_vector(vec, ir.Constant(vty, ir.Undefined), mask)
+
+
+@njit(inline="always", cache=True)
+def store_column(out, b, o, values):
+    """out[b + i, o] = values[i]: one weight row's dot products with activation rows b, b + 1, ...
+    (the tuple a row-dot intrinsic returns) written into the output column o."""
+    for i in range(len(values)):
+        out[b + i, o] = values[i]
 
 
 def splat_half(builder: ir.IRBuilder, ptr: ir.Value, width: int = 16) -> ir.Value:
