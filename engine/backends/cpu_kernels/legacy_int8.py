@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd_int8
+from .simd import store_column
 
 TILE = 16
 """Weight rows per parallel work item."""
@@ -71,61 +72,29 @@ def _q4_0_int8_vnni(blocks, xq, xs, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, eights, 8):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_0_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                    out[b + 7, o],
-                ) = r0, r1, r2, r3, r4, r5, r6, r7
+                store_column(out, b, o, simd_int8.q4_0_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b))
         b = eights
         if rest == 1:
             for o in range(first, last):
-                (r0,) = simd_int8.q4_0_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o] = r0
+                store_column(out, b, o, simd_int8.q4_0_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 2:
             for o in range(first, last):
-                r0, r1 = simd_int8.q4_0_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o] = r0, r1
+                store_column(out, b, o, simd_int8.q4_0_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 3:
             for o in range(first, last):
-                r0, r1, r2 = simd_int8.q4_0_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+                store_column(out, b, o, simd_int8.q4_0_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 4:
             for o in range(first, last):
-                r0, r1, r2, r3 = simd_int8.q4_0_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+                store_column(out, b, o, simd_int8.q4_0_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 5:
             for o in range(first, last):
-                r0, r1, r2, r3, r4 = simd_int8.q4_0_vnni5(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+                store_column(out, b, o, simd_int8.q4_0_vnni5(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 6:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd_int8.q4_0_vnni6(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                store_column(out, b, o, simd_int8.q4_0_vnni6(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 7:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_0_vnni7(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                ) = r0, r1, r2, r3, r4, r5, r6
+                store_column(out, b, o, simd_int8.q4_0_vnni7(blocks[o], xq, xu, xl, xsl, xs8, b))
 
 
 @njit(cache=True, parallel=True)
@@ -140,61 +109,29 @@ def _q4_0_int8_avx2(blocks, xq, xs, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, eights, 8):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_0_avx28(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                    out[b + 7, o],
-                ) = r0, r1, r2, r3, r4, r5, r6, r7
+                store_column(out, b, o, simd_int8.q4_0_avx28(blocks[o], xq, xu, xl, xsl, xs8, b))
         b = eights
         if rest == 1:
             for o in range(first, last):
-                (r0,) = simd_int8.q4_0_avx21(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o] = r0
+                store_column(out, b, o, simd_int8.q4_0_avx21(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 2:
             for o in range(first, last):
-                r0, r1 = simd_int8.q4_0_avx22(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o] = r0, r1
+                store_column(out, b, o, simd_int8.q4_0_avx22(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 3:
             for o in range(first, last):
-                r0, r1, r2 = simd_int8.q4_0_avx23(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+                store_column(out, b, o, simd_int8.q4_0_avx23(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 4:
             for o in range(first, last):
-                r0, r1, r2, r3 = simd_int8.q4_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+                store_column(out, b, o, simd_int8.q4_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 5:
             for o in range(first, last):
-                r0, r1, r2, r3, r4 = simd_int8.q4_0_avx25(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+                store_column(out, b, o, simd_int8.q4_0_avx25(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 6:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd_int8.q4_0_avx26(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                store_column(out, b, o, simd_int8.q4_0_avx26(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 7:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_0_avx27(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                ) = r0, r1, r2, r3, r4, r5, r6
+                store_column(out, b, o, simd_int8.q4_0_avx27(blocks[o], xq, xu, xl, xsl, xs8, b))
 
 
 @njit(cache=True, parallel=True)
@@ -209,61 +146,29 @@ def _q4_0_int8_portable(blocks, xq, xs, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, eights, 8):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_0_portable8(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                    out[b + 7, o],
-                ) = r0, r1, r2, r3, r4, r5, r6, r7
+                store_column(out, b, o, simd_int8.q4_0_portable8(blocks[o], xq, xu, xl, xsl, xs8, b))
         b = eights
         if rest == 1:
             for o in range(first, last):
-                (r0,) = simd_int8.q4_0_portable1(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o] = r0
+                store_column(out, b, o, simd_int8.q4_0_portable1(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 2:
             for o in range(first, last):
-                r0, r1 = simd_int8.q4_0_portable2(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o] = r0, r1
+                store_column(out, b, o, simd_int8.q4_0_portable2(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 3:
             for o in range(first, last):
-                r0, r1, r2 = simd_int8.q4_0_portable3(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+                store_column(out, b, o, simd_int8.q4_0_portable3(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 4:
             for o in range(first, last):
-                r0, r1, r2, r3 = simd_int8.q4_0_portable4(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+                store_column(out, b, o, simd_int8.q4_0_portable4(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 5:
             for o in range(first, last):
-                r0, r1, r2, r3, r4 = simd_int8.q4_0_portable5(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+                store_column(out, b, o, simd_int8.q4_0_portable5(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 6:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd_int8.q4_0_portable6(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                store_column(out, b, o, simd_int8.q4_0_portable6(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 7:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_0_portable7(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                ) = r0, r1, r2, r3, r4, r5, r6
+                store_column(out, b, o, simd_int8.q4_0_portable7(blocks[o], xq, xu, xl, xsl, xs8, b))
 
 
 def q4_0_matmul_int8_path(
@@ -294,61 +199,29 @@ def _q4_1_int8_vnni(blocks, xq, xs, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, eights, 8):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_1_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                    out[b + 7, o],
-                ) = r0, r1, r2, r3, r4, r5, r6, r7
+                store_column(out, b, o, simd_int8.q4_1_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b))
         b = eights
         if rest == 1:
             for o in range(first, last):
-                (r0,) = simd_int8.q4_1_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o] = r0
+                store_column(out, b, o, simd_int8.q4_1_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 2:
             for o in range(first, last):
-                r0, r1 = simd_int8.q4_1_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o] = r0, r1
+                store_column(out, b, o, simd_int8.q4_1_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 3:
             for o in range(first, last):
-                r0, r1, r2 = simd_int8.q4_1_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+                store_column(out, b, o, simd_int8.q4_1_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 4:
             for o in range(first, last):
-                r0, r1, r2, r3 = simd_int8.q4_1_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+                store_column(out, b, o, simd_int8.q4_1_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 5:
             for o in range(first, last):
-                r0, r1, r2, r3, r4 = simd_int8.q4_1_vnni5(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+                store_column(out, b, o, simd_int8.q4_1_vnni5(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 6:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd_int8.q4_1_vnni6(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                store_column(out, b, o, simd_int8.q4_1_vnni6(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 7:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_1_vnni7(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                ) = r0, r1, r2, r3, r4, r5, r6
+                store_column(out, b, o, simd_int8.q4_1_vnni7(blocks[o], xq, xu, xl, xsl, xs8, b))
 
 
 @njit(cache=True, parallel=True)
@@ -363,61 +236,29 @@ def _q4_1_int8_avx2(blocks, xq, xs, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, eights, 8):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_1_avx28(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                    out[b + 7, o],
-                ) = r0, r1, r2, r3, r4, r5, r6, r7
+                store_column(out, b, o, simd_int8.q4_1_avx28(blocks[o], xq, xu, xl, xsl, xs8, b))
         b = eights
         if rest == 1:
             for o in range(first, last):
-                (r0,) = simd_int8.q4_1_avx21(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o] = r0
+                store_column(out, b, o, simd_int8.q4_1_avx21(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 2:
             for o in range(first, last):
-                r0, r1 = simd_int8.q4_1_avx22(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o] = r0, r1
+                store_column(out, b, o, simd_int8.q4_1_avx22(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 3:
             for o in range(first, last):
-                r0, r1, r2 = simd_int8.q4_1_avx23(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+                store_column(out, b, o, simd_int8.q4_1_avx23(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 4:
             for o in range(first, last):
-                r0, r1, r2, r3 = simd_int8.q4_1_avx24(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+                store_column(out, b, o, simd_int8.q4_1_avx24(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 5:
             for o in range(first, last):
-                r0, r1, r2, r3, r4 = simd_int8.q4_1_avx25(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+                store_column(out, b, o, simd_int8.q4_1_avx25(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 6:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd_int8.q4_1_avx26(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                store_column(out, b, o, simd_int8.q4_1_avx26(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 7:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_1_avx27(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                ) = r0, r1, r2, r3, r4, r5, r6
+                store_column(out, b, o, simd_int8.q4_1_avx27(blocks[o], xq, xu, xl, xsl, xs8, b))
 
 
 @njit(cache=True, parallel=True)
@@ -432,61 +273,29 @@ def _q4_1_int8_portable(blocks, xq, xs, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, eights, 8):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q4_1_portable8(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                    out[b + 7, o],
-                ) = r0, r1, r2, r3, r4, r5, r6, r7
+                store_column(out, b, o, simd_int8.q4_1_portable8(blocks[o], xq, xu, xl, xsl, xs8, b))
         b = eights
         if rest == 1:
             for o in range(first, last):
-                (r0,) = simd_int8.q4_1_portable1(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o] = r0
+                store_column(out, b, o, simd_int8.q4_1_portable1(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 2:
             for o in range(first, last):
-                r0, r1 = simd_int8.q4_1_portable2(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o] = r0, r1
+                store_column(out, b, o, simd_int8.q4_1_portable2(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 3:
             for o in range(first, last):
-                r0, r1, r2 = simd_int8.q4_1_portable3(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+                store_column(out, b, o, simd_int8.q4_1_portable3(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 4:
             for o in range(first, last):
-                r0, r1, r2, r3 = simd_int8.q4_1_portable4(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+                store_column(out, b, o, simd_int8.q4_1_portable4(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 5:
             for o in range(first, last):
-                r0, r1, r2, r3, r4 = simd_int8.q4_1_portable5(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+                store_column(out, b, o, simd_int8.q4_1_portable5(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 6:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd_int8.q4_1_portable6(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                store_column(out, b, o, simd_int8.q4_1_portable6(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 7:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q4_1_portable7(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                ) = r0, r1, r2, r3, r4, r5, r6
+                store_column(out, b, o, simd_int8.q4_1_portable7(blocks[o], xq, xu, xl, xsl, xs8, b))
 
 
 def q4_1_matmul_int8_path(
@@ -517,61 +326,29 @@ def _q8_0_int8_vnni(blocks, xq, xs, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, eights, 8):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q8_0_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                    out[b + 7, o],
-                ) = r0, r1, r2, r3, r4, r5, r6, r7
+                store_column(out, b, o, simd_int8.q8_0_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b))
         b = eights
         if rest == 1:
             for o in range(first, last):
-                (r0,) = simd_int8.q8_0_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o] = r0
+                store_column(out, b, o, simd_int8.q8_0_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 2:
             for o in range(first, last):
-                r0, r1 = simd_int8.q8_0_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o] = r0, r1
+                store_column(out, b, o, simd_int8.q8_0_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 3:
             for o in range(first, last):
-                r0, r1, r2 = simd_int8.q8_0_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+                store_column(out, b, o, simd_int8.q8_0_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 4:
             for o in range(first, last):
-                r0, r1, r2, r3 = simd_int8.q8_0_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+                store_column(out, b, o, simd_int8.q8_0_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 5:
             for o in range(first, last):
-                r0, r1, r2, r3, r4 = simd_int8.q8_0_vnni5(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+                store_column(out, b, o, simd_int8.q8_0_vnni5(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 6:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd_int8.q8_0_vnni6(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                store_column(out, b, o, simd_int8.q8_0_vnni6(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 7:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q8_0_vnni7(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                ) = r0, r1, r2, r3, r4, r5, r6
+                store_column(out, b, o, simd_int8.q8_0_vnni7(blocks[o], xq, xu, xl, xsl, xs8, b))
 
 
 @njit(cache=True, parallel=True)
@@ -586,61 +363,29 @@ def _q8_0_int8_avx2(blocks, xq, xs, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, eights, 8):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q8_0_avx28(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                    out[b + 7, o],
-                ) = r0, r1, r2, r3, r4, r5, r6, r7
+                store_column(out, b, o, simd_int8.q8_0_avx28(blocks[o], xq, xu, xl, xsl, xs8, b))
         b = eights
         if rest == 1:
             for o in range(first, last):
-                (r0,) = simd_int8.q8_0_avx21(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o] = r0
+                store_column(out, b, o, simd_int8.q8_0_avx21(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 2:
             for o in range(first, last):
-                r0, r1 = simd_int8.q8_0_avx22(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o] = r0, r1
+                store_column(out, b, o, simd_int8.q8_0_avx22(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 3:
             for o in range(first, last):
-                r0, r1, r2 = simd_int8.q8_0_avx23(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+                store_column(out, b, o, simd_int8.q8_0_avx23(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 4:
             for o in range(first, last):
-                r0, r1, r2, r3 = simd_int8.q8_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+                store_column(out, b, o, simd_int8.q8_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 5:
             for o in range(first, last):
-                r0, r1, r2, r3, r4 = simd_int8.q8_0_avx25(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+                store_column(out, b, o, simd_int8.q8_0_avx25(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 6:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd_int8.q8_0_avx26(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                store_column(out, b, o, simd_int8.q8_0_avx26(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 7:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q8_0_avx27(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                ) = r0, r1, r2, r3, r4, r5, r6
+                store_column(out, b, o, simd_int8.q8_0_avx27(blocks[o], xq, xu, xl, xsl, xs8, b))
 
 
 @njit(cache=True, parallel=True)
@@ -655,61 +400,29 @@ def _q8_0_int8_portable(blocks, xq, xs, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, eights, 8):
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6, r7 = simd_int8.q8_0_portable8(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                    out[b + 7, o],
-                ) = r0, r1, r2, r3, r4, r5, r6, r7
+                store_column(out, b, o, simd_int8.q8_0_portable8(blocks[o], xq, xu, xl, xsl, xs8, b))
         b = eights
         if rest == 1:
             for o in range(first, last):
-                (r0,) = simd_int8.q8_0_portable1(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o] = r0
+                store_column(out, b, o, simd_int8.q8_0_portable1(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 2:
             for o in range(first, last):
-                r0, r1 = simd_int8.q8_0_portable2(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o] = r0, r1
+                store_column(out, b, o, simd_int8.q8_0_portable2(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 3:
             for o in range(first, last):
-                r0, r1, r2 = simd_int8.q8_0_portable3(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o] = r0, r1, r2
+                store_column(out, b, o, simd_int8.q8_0_portable3(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 4:
             for o in range(first, last):
-                r0, r1, r2, r3 = simd_int8.q8_0_portable4(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o] = r0, r1, r2, r3
+                store_column(out, b, o, simd_int8.q8_0_portable4(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 5:
             for o in range(first, last):
-                r0, r1, r2, r3, r4 = simd_int8.q8_0_portable5(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o] = r0, r1, r2, r3, r4
+                store_column(out, b, o, simd_int8.q8_0_portable5(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 6:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5 = simd_int8.q8_0_portable6(blocks[o], xq, xu, xl, xsl, xs8, b)
-                out[b, o], out[b + 1, o], out[b + 2, o], out[b + 3, o], out[b + 4, o], out[b + 5, o] = (
-                    r0,
-                    r1,
-                    r2,
-                    r3,
-                    r4,
-                    r5,
-                )
+                store_column(out, b, o, simd_int8.q8_0_portable6(blocks[o], xq, xu, xl, xsl, xs8, b))
         elif rest == 7:
             for o in range(first, last):
-                r0, r1, r2, r3, r4, r5, r6 = simd_int8.q8_0_portable7(blocks[o], xq, xu, xl, xsl, xs8, b)
-                (
-                    out[b, o],
-                    out[b + 1, o],
-                    out[b + 2, o],
-                    out[b + 3, o],
-                    out[b + 4, o],
-                    out[b + 5, o],
-                    out[b + 6, o],
-                ) = r0, r1, r2, r3, r4, r5, r6
+                store_column(out, b, o, simd_int8.q8_0_portable7(blocks[o], xq, xu, xl, xsl, xs8, b))
 
 
 def q8_0_matmul_int8_path(
