@@ -251,7 +251,7 @@ def _vdot(typingctx, w, x, n):
 
 
 @njit(cache=True)
-def _check(blocks: np.ndarray, n_in: int, block_bytes: int, n_b: int, out: np.ndarray) -> None:
+def check_shapes(blocks: np.ndarray, n_in: int, block_bytes: int, n_b: int, out: np.ndarray) -> None:
     """Refuse shapes the kernels cannot serve (K-quant rows are whole 256-weight super-blocks)."""
     if n_in % QK_K != 0:
         raise ValueError("K-quant kernels need an input width that is a multiple of 256")
@@ -394,48 +394,48 @@ def _int8_acts(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
 @njit(cache=True)
 def q4_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """Q4_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
-    _check(blocks, x.shape[1], Q4_K_BYTES, x.shape[0], out)
+    check_shapes(blocks, x.shape[1], Q4_K_BYTES, x.shape[0], out)
     _q45_k_matmul(blocks, np.ascontiguousarray(x), out, 0)
 
 
 @njit(cache=True)
 def q5_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """Q5_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
-    _check(blocks, x.shape[1], Q5_K_BYTES, x.shape[0], out)
+    check_shapes(blocks, x.shape[1], Q5_K_BYTES, x.shape[0], out)
     _q45_k_matmul(blocks, np.ascontiguousarray(x), out, 1)
 
 
 @njit(cache=True)
 def q6_k_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """Q6_K: out[B, out] = x[B, in] @ W.T, weights dequantized in cache, float32 accumulation."""
-    _check(blocks, x.shape[1], Q6_K_BYTES, x.shape[0], out)
+    check_shapes(blocks, x.shape[1], Q6_K_BYTES, x.shape[0], out)
     _q6_k_matmul(blocks, np.ascontiguousarray(x), out)
 
 
-# The int8 kernels multiply the quantized activations (xq * xs, rounded to float32 once per call) with
-# the same fixed-order dot as the exact kernels. Without a VNNI path (numba emits no vpdpbusd from
-# plain loops) they cost what the exact kernels cost; they exist so that `int8` mode gives the
-# int8-contract result for K-quant tensors too.
+# These int8 kernels multiply the quantized activations (xq * xs, rounded to float32 once per call) with
+# the same fixed-order float dot as the exact kernels: the int8 contract in float arithmetic, at the cost
+# of the exact kernels. The engine's int8 mode runs the integer kernels of kquants_int8.py instead (the
+# registry there); these stay as the tests' float reference for them.
 
 
 @njit(cache=True)
 def q4_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q4_K: out = (xq * xs) @ W.T with activations quantized per 32-block."""
-    _check(blocks, xq.shape[1], Q4_K_BYTES, xq.shape[0], out)
+    check_shapes(blocks, xq.shape[1], Q4_K_BYTES, xq.shape[0], out)
     _q45_k_matmul(blocks, _int8_acts(xq, xs), out, 0)
 
 
 @njit(cache=True)
 def q5_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q5_K: out = (xq * xs) @ W.T with activations quantized per 32-block."""
-    _check(blocks, xq.shape[1], Q5_K_BYTES, xq.shape[0], out)
+    check_shapes(blocks, xq.shape[1], Q5_K_BYTES, xq.shape[0], out)
     _q45_k_matmul(blocks, _int8_acts(xq, xs), out, 1)
 
 
 @njit(cache=True)
 def q6_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q6_K: out = (xq * xs) @ W.T with activations quantized per 32-block."""
-    _check(blocks, xq.shape[1], Q6_K_BYTES, xq.shape[0], out)
+    check_shapes(blocks, xq.shape[1], Q6_K_BYTES, xq.shape[0], out)
     _q6_k_matmul(blocks, _int8_acts(xq, xs), out)
 
 

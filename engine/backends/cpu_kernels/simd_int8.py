@@ -152,6 +152,26 @@ def _avx2_block_lanes(builder, kind: str, weights, xv, xl) -> ir.Value:
     return lanes
 
 
+def unsigned_lanes(
+    builder: ir.IRBuilder, path: int, wide: bool, weights: ir.Value, act: ir.Value
+) -> ir.Value:
+    """Exact int32 lane sums of unsigned weight bytes times signed activation bytes (<64 x i8> each, or
+    <32 x i8>): lane l = the sum over bytes 4l..4l+3, on `path` (VNNI with 512-bit vectors when `wide`).
+    The K-quant kernels' integer part (kquants_simd_int8.py); Q4_1's rows take the same instructions."""
+    if path == VNNI:
+        ity = ir.VectorType(_I32, weights.type.count // 4)
+        return _vpdpbusd(builder, ir.Constant(ity, None), weights, act, wide)
+    if path == PORTABLE:
+        return _portable_lanes(builder, "q4_1", weights, act)
+    if weights.type.count == 32:
+        return _avx2_block_lanes(builder, "q4_1", weights, act, None)
+    parts = [
+        _avx2_block_lanes(builder, "q4_1", _half(builder, weights, h), _half(builder, act, h), None)
+        for h in (0, 1)
+    ]
+    return _concat(builder, parts[0], parts[1])
+
+
 class _Pair:
     """The weight side of one block pair (or of the odd last block: `count` 32 or 64 bytes), shared by
     every activation row of a call."""

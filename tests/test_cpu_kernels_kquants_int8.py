@@ -1,0 +1,97 @@
+"""The integer int8-activation K-quant kernels (kquants_int8.py): against the quantized-activation
+reference in float64, bit-identical across batch sizes and positions, and across the int8 paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_cpu_kernels_kquants import N_IN, N_OUT, TYPES, random_blocks, reference_weights, rel_err
+
+from infer.engine.backends.cpu_kernels import KERNELS, kquants_int8, quantize_activations
+from infer.engine.backends.cpu_kernels.simd_int8 import AVX2, PORTABLE, VNNI, available_paths
+
+
+@pytest.fixture(scope="module", params=TYPES)
+def case(request: pytest.FixtureRequest) -> tuple[str, np.ndarray, np.ndarray]:
+    type_name = request.param
+    blocks = random_blocks(type_name, N_OUT, N_IN, seed=10 + TYPES.index(type_name))
+    return type_name, blocks, reference_weights(type_name, blocks, N_IN)
+
+
+def _rows(seed: int, count: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    scale = rng.uniform(0.1, 10, size=(count, 1)).astype(np.float32)
+    return rng.standard_normal((count, N_IN)).astype(np.float32) * scale
+
+
+def test_the_engine_registry_runs_the_integer_kernels() -> None:
+    for type_name in TYPES:
+        assert KERNELS[type_name].matmul_int8 is getattr(kquants_int8, f"{type_name.lower()}_matmul_int8")
+
+
+def test_matches_the_quantized_activation_reference(case: tuple[str, np.ndarray, np.ndarray]) -> None:
+    type_name, blocks, w = case
+    worst_q, worst_f = 0.0, 0.0
+    for n_b in range(1, 17):
+        x = _rows(n_b, n_b)
+        xq, xs = quantize_activations(x)
+        out = np.full((n_b, N_OUT), np.nan, np.float32)
+        KERNELS[type_name].matmul_int8(blocks, xq, xs, out)
+        x_deq = (xq.reshape(n_b, -1, 32).astype(np.float64) * xs[..., None]).reshape(n_b, N_IN)
+        worst_q = max(worst_q, rel_err(out, x_deq @ w.astype(np.float64).T))
+        worst_f = max(worst_f, rel_err(out, x.astype(np.float64) @ w.astype(np.float64).T))
+    assert worst_q <= 2e-6, f"{type_name}: vs quantized-activation reference {worst_q:.2e}"
+    assert worst_q < worst_f <= 2e-2  # it really quantized, and only that far
+
+
+def test_a_row_has_the_same_bits_in_every_batch(case: tuple[str, np.ndarray, np.ndarray]) -> None:
+    """Alone == at every position of batches of 1..16 rows (every group size and remainder)."""
+    type_name, blocks, _ = case
+    rows = _rows(300, 16)
+    xq, xs = quantize_activations(rows)
+
+    def run(index: np.ndarray) -> np.ndarray:
+        out = np.full((index.size, N_OUT), np.nan, np.float32)
+        KERNELS[type_name].matmul_int8(
+            blocks, np.ascontiguousarray(xq[index]), np.ascontiguousarray(xs[index]), out
+        )
+        return out
+
+    alone = np.concatenate([run(np.array([i])) for i in range(16)])
+    rng = np.random.default_rng(7)
+    for n_b in range(1, 17):
+        order = rng.permutation(16)[:n_b]
+        batch = run(order)
+        for pos, i in enumerate(order):
+            assert np.array_equal(batch[pos], alone[i]), f"{type_name}: row {i} at {pos} of {n_b}"
+
+
+@pytest.mark.parametrize("path", [PORTABLE, AVX2, VNNI])
+def test_every_int8_path_gives_the_same_bits(case: tuple[str, np.ndarray, np.ndarray], path: int) -> None:
+    """The integer lanes are exact, so each path (one the host lacks runs as portable) gives the bits of
+    the host's best path."""
+    type_name, blocks, _ = case
+    x = _rows(400, 7)
+    xq, xs = quantize_activations(x)
+    best = np.full((7, N_OUT), np.nan, np.float32)
+    KERNELS[type_name].matmul_int8(blocks, xq, xs, best)
+    got = np.full_like(best, np.nan)
+    kquants_int8.matmul_int8_path(type_name, blocks, xq, xs, got, path)
+    assert np.array_equal(got, best), f"{type_name}: path {path} (host has {available_paths()})"
+
+
+def test_bad_shapes_are_refused() -> None:
+    blocks = random_blocks("Q4_K", 4, 512, seed=9)
+    kernel = KERNELS["Q4_K"].matmul_int8
+    with pytest.raises(ValueError, match="out must be"):
+        kernel(
+            blocks, np.zeros((2, 512), np.int8), np.zeros((2, 16), np.float32), np.empty((1, 4), np.float32)
+        )
+    with pytest.raises(ValueError, match="xs must be"):
+        kernel(
+            blocks, np.zeros((2, 512), np.int8), np.zeros((2, 8), np.float32), np.empty((2, 4), np.float32)
+        )
+    with pytest.raises(ValueError, match="multiple of 256"):
+        kernel(
+            blocks, np.zeros((1, 544), np.int8), np.zeros((1, 17), np.float32), np.empty((1, 4), np.float32)
+        )
