@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--temp", type=float, default=0.0)
     parser.add_argument("--cpu-kernels", default="exact")
+    parser.add_argument("--model", default=None, help="a GGUF path (default: the default model)")
     args = parser.parse_args()
     threadpool_limits(1 if args.cpu_kernels != "blas" else args.threads, user_api="blas")
     if args.cpu_kernels != "blas":
@@ -72,7 +73,9 @@ def main() -> None:
 
         numba.set_num_threads(args.threads)
     engine = load_engine(
-        ensure_default_model(), EngineConfig(ctx_size=4096, max_num_seqs=16), cpu_kernels=args.cpu_kernels
+        args.model or ensure_default_model(),
+        EngineConfig(ctx_size=4096, max_num_seqs=16),
+        cpu_kernels=args.cpu_kernels,
     )
     params = SamplingParams(temperature=args.temp)
     prompt = tuple((i * 37) % 20000 + 100 for i in range(8))

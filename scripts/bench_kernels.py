@@ -82,7 +82,8 @@ def make_call(
     if mode == "int8":
         assert kern.matmul_int8 is not None
         copies = itertools.cycle(blocks)
-        return lambda: kern.matmul_int8(next(copies), *quantize_activations(x), out)
+        quantize = kern.quantize or quantize_activations
+        return lambda: kern.matmul_int8(next(copies), *quantize(x), out)
     assert dense is not None
     copies = itertools.cycle(dense)
     return lambda: np.matmul(x, next(copies).T, out=out)

@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from threadpoolctl import threadpool_limits
 
-from infer.engine.backends.cpu_kernels.kquants import KQUANT_KERNELS
+from infer.engine.backends.cpu_kernels.kquants_int8 import KQUANT_KERNELS
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
 
 SHAPES = [(640, 2048), (2048, 768)]
@@ -41,12 +41,12 @@ BATCHES = [1, 4, 16]
 _FIRST_CALL = """
 import time, numpy as np
 t0 = time.perf_counter()
-from infer.engine.backends.cpu_kernels.kquants import KQUANT_KERNELS
+from infer.engine.backends.cpu_kernels.kquants_int8 import KQUANT_KERNELS
 for k in KQUANT_KERNELS.values():
     w = np.zeros((8, k.block_bytes), np.uint8)
     x = np.zeros((1, 256), np.float32)
     k.matmul_exact(w, x, np.empty((1, 8), np.float32))
-    k.matmul_int8(w, np.zeros((1, 256), np.int8), np.zeros((1, 8), np.float32), np.empty((1, 8), np.float32))
+    k.matmul_int8(w, *k.quantize(x), np.empty((1, 8), np.float32))
     k.dequantize_rows(w, 0, 8, np.empty((8, 256), np.float32))
 print(time.perf_counter() - t0)
 """
@@ -118,12 +118,11 @@ def bench_shape(kern: QuantKernels, n_out: int, n_in: int, args: argparse.Namesp
         dq = median_ms(partial(kern.dequantize_rows, blocks, 0, n_out, tile), args.repeats)
     for n_b in BATCHES:
         x = rng.standard_normal((n_b, n_in)).astype(np.float32)
-        xq = rng.integers(-127, 128, size=(n_b, n_in), dtype=np.int8)
-        xs = np.full((n_b, n_in // 32), 0.01, np.float32)
+        acts = kern.quantize(x)
         out = np.empty((n_b, n_out), np.float32)
         with threadpool_limits(1):
             exact = median_ms(partial(kern.matmul_exact, blocks, x, out), args.repeats)
-            int8 = median_ms(partial(kern.matmul_int8, blocks, xq, xs, out), args.repeats)
+            int8 = median_ms(partial(kern.matmul_int8, blocks, *acts, out), args.repeats)
             exact_cold = median_ms(
                 cycling(lambda i, x=x, out=out: kern.matmul_exact(cold_blocks[i], x, out), copies),
                 args.repeats,

@@ -1,5 +1,6 @@
-"""The integer int8-activation K-quant kernels (kquants_int8.py): against the quantized-activation
-reference in float64, bit-identical across batch sizes and positions, and across the int8 paths."""
+"""The integer int8-activation K-quant kernels (kquants_int8.py, activations per 256-block as llama.cpp's
+Q8_K): against the quantized-activation reference in float64, bit-identical across batch sizes and
+positions, and across the int8 paths."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 from test_cpu_kernels_kquants import N_IN, N_OUT, TYPES, random_blocks, reference_weights, rel_err
 
-from infer.engine.backends.cpu_kernels import KERNELS, kquants_int8, quantize_activations
+from infer.engine.backends.cpu_kernels import KERNELS, kquants_int8
+from infer.engine.backends.cpu_kernels.activations import quantize_activations_k
 from infer.engine.backends.cpu_kernels.simd_int8 import AVX2, PORTABLE, VNNI, available_paths
 
 
@@ -27,6 +29,24 @@ def _rows(seed: int, count: int) -> np.ndarray:
 def test_the_engine_registry_runs_the_integer_kernels() -> None:
     for type_name in TYPES:
         assert KERNELS[type_name].matmul_int8 is getattr(kquants_int8, f"{type_name.lower()}_matmul_int8")
+        assert KERNELS[type_name].quantize is quantize_activations_k
+
+
+def test_q8_k_quantization_follows_llama_cpp() -> None:
+    """Per 256: the value of largest magnitude maps to -127, xd = 1 / iscale, xb the sums of 16."""
+    x = _rows(1, 3)
+    x[1, 256:512] = 0.0  # an all-zero block: scale 0, quants 0
+    xq, xd, xb = quantize_activations_k(x)
+    blocks = x.reshape(3, -1, 256)
+    peak = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    iscale = np.where(peak != 0, np.float32(-127.0) / np.where(peak != 0, peak, 1), 0).astype(np.float32)
+    scaled = blocks * iscale[..., None]
+    want = np.minimum(127, np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)).astype(np.int8)
+    assert np.array_equal(xq, want.reshape(x.shape))
+    assert np.array_equal(xd[iscale != 0], (np.float32(1.0) / iscale[iscale != 0]))
+    assert xd[1, 1] == 0 and not xq[1, 256:512].any()
+    assert np.array_equal(xb, xq.reshape(3, -1, 16).astype(np.int32).sum(axis=-1))
+    assert (np.abs(xq).max(axis=-1) == 127).all()
 
 
 def test_matches_the_quantized_activation_reference(case: tuple[str, np.ndarray, np.ndarray]) -> None:
@@ -34,27 +54,25 @@ def test_matches_the_quantized_activation_reference(case: tuple[str, np.ndarray,
     worst_q, worst_f = 0.0, 0.0
     for n_b in range(1, 17):
         x = _rows(n_b, n_b)
-        xq, xs = quantize_activations(x)
+        xq, xd, xb = quantize_activations_k(x)
         out = np.full((n_b, N_OUT), np.nan, np.float32)
-        KERNELS[type_name].matmul_int8(blocks, xq, xs, out)
-        x_deq = (xq.reshape(n_b, -1, 32).astype(np.float64) * xs[..., None]).reshape(n_b, N_IN)
+        KERNELS[type_name].matmul_int8(blocks, xq, xd, xb, out)
+        x_deq = (xq.reshape(n_b, -1, 256).astype(np.float64) * xd[..., None]).reshape(n_b, N_IN)
         worst_q = max(worst_q, rel_err(out, x_deq @ w.astype(np.float64).T))
         worst_f = max(worst_f, rel_err(out, x.astype(np.float64) @ w.astype(np.float64).T))
     assert worst_q <= 2e-6, f"{type_name}: vs quantized-activation reference {worst_q:.2e}"
-    assert worst_q < worst_f <= 2e-2  # it really quantized, and only that far
+    assert worst_q < worst_f <= 3e-2  # it really quantized, and only that far
 
 
 def test_a_row_has_the_same_bits_in_every_batch(case: tuple[str, np.ndarray, np.ndarray]) -> None:
     """Alone == at every position of batches of 1..16 rows (every group size and remainder)."""
     type_name, blocks, _ = case
     rows = _rows(300, 16)
-    xq, xs = quantize_activations(rows)
+    acts = quantize_activations_k(rows)
 
     def run(index: np.ndarray) -> np.ndarray:
         out = np.full((index.size, N_OUT), np.nan, np.float32)
-        KERNELS[type_name].matmul_int8(
-            blocks, np.ascontiguousarray(xq[index]), np.ascontiguousarray(xs[index]), out
-        )
+        KERNELS[type_name].matmul_int8(blocks, *(np.ascontiguousarray(a[index]) for a in acts), out)
         return out
 
     alone = np.concatenate([run(np.array([i])) for i in range(16)])
@@ -72,26 +90,29 @@ def test_every_int8_path_gives_the_same_bits(case: tuple[str, np.ndarray, np.nda
     the host's best path."""
     type_name, blocks, _ = case
     x = _rows(400, 7)
-    xq, xs = quantize_activations(x)
+    acts = quantize_activations_k(x)
     best = np.full((7, N_OUT), np.nan, np.float32)
-    KERNELS[type_name].matmul_int8(blocks, xq, xs, best)
+    KERNELS[type_name].matmul_int8(blocks, *acts, best)
     got = np.full_like(best, np.nan)
-    kquants_int8.matmul_int8_path(type_name, blocks, xq, xs, got, path)
+    kquants_int8.matmul_int8_path(type_name, blocks, *acts, got, path)
     assert np.array_equal(got, best), f"{type_name}: path {path} (host has {available_paths()})"
 
 
 def test_bad_shapes_are_refused() -> None:
     blocks = random_blocks("Q4_K", 4, 512, seed=9)
     kernel = KERNELS["Q4_K"].matmul_int8
+    xq, xd, xb = np.zeros((2, 512), np.int8), np.zeros((2, 2), np.float32), np.zeros((2, 32), np.int32)
     with pytest.raises(ValueError, match="out must be"):
-        kernel(
-            blocks, np.zeros((2, 512), np.int8), np.zeros((2, 16), np.float32), np.empty((1, 4), np.float32)
-        )
-    with pytest.raises(ValueError, match="xs must be"):
-        kernel(
-            blocks, np.zeros((2, 512), np.int8), np.zeros((2, 8), np.float32), np.empty((2, 4), np.float32)
-        )
+        kernel(blocks, xq, xd, xb, np.empty((1, 4), np.float32))
+    with pytest.raises(ValueError, match="xd must be"):
+        kernel(blocks, xq, xd[:, :1].copy(), xb, np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError, match="xb must be"):
+        kernel(blocks, xq, xd, xb[:, :16].copy(), np.empty((2, 4), np.float32))
     with pytest.raises(ValueError, match="multiple of 256"):
         kernel(
-            blocks, np.zeros((1, 544), np.int8), np.zeros((1, 17), np.float32), np.empty((1, 4), np.float32)
+            blocks,
+            np.zeros((1, 544), np.int8),
+            xd[:1],
+            np.zeros((1, 34), np.int32),
+            np.empty((1, 4), np.float32),
         )

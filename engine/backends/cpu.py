@@ -166,8 +166,9 @@ class CpuBackend:
         self._rowops: ModuleType | None = None
         """The numba row ops (cpu_kernels/rowops.py) in the kernel modes; None with `blas`, which
         imports no numba and keeps the numpy formulas."""
-        self._quantize: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
-        """quantize_activations in the `int8` mode, else None."""
+        self._quantize: Callable[[np.ndarray], tuple[np.ndarray, ...]] | None = None
+        """quantize_activations (Q8_0) in the `int8` mode, else None: the quantizer of the int8 kernels
+        that register none of their own (QuantKernels.quantize)."""
         if kernels == "blas":
             kernel_table = {}
         else:
@@ -251,16 +252,13 @@ class CpuBackend:
             out = np.empty((rows, weight.shape[0]), dtype=np.float32)
             kernels = weight.kernels
             if self._quantize is not None and kernels.matmul_int8 is not None:
-                xq, xs = self._quantize(x)
-                kernels.matmul_int8(weight.blocks, xq, xs, out)
+                kernels.matmul_int8(weight.blocks, *(kernels.quantize or self._quantize)(x), out)
             else:
                 kernels.matmul_exact(weight.blocks, x, out)
             return out
         parts = weight.parts if isinstance(weight, StackedWeight) else (weight,)
         out = np.empty((rows, weight.shape[0]), dtype=np.float32)
-        int8 = self._quantize is not None and all(p.kernels.matmul_int8 is not None for p in parts)
-        if int8:
-            xq, xs = self._quantize(x)
+        acts = self._int8_activations(x, parts)
         for lo in range(0, rows, KERNEL_ROWS):
             hi = min(lo + KERNEL_ROWS, rows)
             column = 0
@@ -272,14 +270,30 @@ class CpuBackend:
                     target = out[lo:hi, column : column + width]
                 else:
                     target = np.empty((hi - lo, width), dtype=np.float32)
-                if int8:
-                    part.kernels.matmul_int8(part.blocks, xq[lo:hi], xs[lo:hi], target)  # type: ignore[misc]
+                if acts is not None:
+                    rows_of = (a[lo:hi] for a in acts[part.kernels.quantize or self._quantize])
+                    part.kernels.matmul_int8(part.blocks, *rows_of, target)  # type: ignore[misc]
                 else:
                     part.kernels.matmul_exact(part.blocks, x[lo:hi], target)
                 if len(parts) > 1 and hi - lo > 1:
                     out[lo:hi, column : column + width] = target
                 column += width
         return out
+
+    def _int8_activations(
+        self, x: np.ndarray, parts: Sequence[BlockWeight]
+    ) -> dict[Callable[[np.ndarray], tuple[np.ndarray, ...]], tuple[np.ndarray, ...]] | None:
+        """x quantized once per activation quantizer the parts' int8 kernels read (Q8_0 for the legacy
+        types, Q8_K for the K-quants), or None outside the int8 mode or when a part has no int8 kernel
+        (then every part runs its exact kernel)."""
+        if self._quantize is None or any(p.kernels.matmul_int8 is None for p in parts):
+            return None
+        acts: dict[Callable[[np.ndarray], tuple[np.ndarray, ...]], tuple[np.ndarray, ...]] = {}
+        for part in parts:
+            quantize = part.kernels.quantize or self._quantize
+            if quantize not in acts:
+                acts[quantize] = quantize(x)
+        return acts
 
     def asarray(self, host: np.ndarray) -> np.ndarray:
         """Host data is already where the cpu backend computes."""

@@ -1,4 +1,5 @@
-"""llama.cpp's Q8 quantization of activation rows, per 32-block (quantize_row_q8_0_ref)."""
+"""llama.cpp's Q8 quantizations of activation rows: per 32-block (quantize_row_q8_0_ref) for the legacy
+types, per 256-block (quantize_row_q8_K_ref) for the K-quants."""
 
 from __future__ import annotations
 
@@ -46,3 +47,49 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     xs = np.empty((x.shape[0], x.shape[1] // QK), np.float32)
     _quantize(x, xq, xs)
     return xq, xs
+
+
+QK_K = 256
+
+
+@njit(cache=True)
+def _quantize_k(x, xq, xd, xb):
+    for b in range(x.shape[0]):
+        for k in range(x.shape[1] // QK_K):
+            amax = np.float32(0.0)
+            peak = np.float32(0.0)
+            for j in range(k * QK_K, k * QK_K + QK_K):
+                if abs(x[b, j]) > amax:
+                    amax = abs(x[b, j])
+                    peak = x[b, j]
+            if amax == 0:
+                xd[b, k] = np.float32(0.0)
+                for j in range(k * QK_K, k * QK_K + QK_K):
+                    xq[b, j] = np.int8(0)
+            else:
+                iscale = np.float32(-127.0) / peak
+                for j in range(k * QK_K, k * QK_K + QK_K):
+                    xq[b, j] = np.int8(min(np.float32(127.0), _roundf(iscale * x[b, j])))
+                xd[b, k] = np.float32(1.0) / iscale
+        for k in range(x.shape[1] // 16):
+            total = np.int32(0)
+            for j in range(16 * k, 16 * k + 16):
+                total += np.int32(xq[b, j])
+            xb[b, k] = total
+
+
+def quantize_activations_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quantize float32 rows x [B, in] (in a multiple of 256) per 256-block as llama.cpp's Q8_K does, for
+    the K-quant int8 kernels.
+
+    Returns (xq int8 [B, in], xd float32 [B, in // 256], xb int32 [B, in // 16]): per block the value of
+    largest magnitude `peak` maps to -127 (iscale = -127 / peak, xq = min(127, roundf(iscale * x)),
+    xd = 1 / iscale), and xb holds the sum of each 16 xq. Each row independently."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % QK_K:
+        raise ValueError(f"quantize_activations_k needs [B, in] with in a multiple of {QK_K}, got {x.shape}")
+    xq = np.empty(x.shape, np.int8)
+    xd = np.empty((x.shape[0], x.shape[1] // QK_K), np.float32)
+    xb = np.empty((x.shape[0], x.shape[1] // 16), np.int32)
+    _quantize_k(x, xq, xd, xb)
+    return xq, xd, xb

@@ -1,12 +1,11 @@
 """Int8-activation matmuls on raw K-quant blocks (Q4_K, Q5_K, Q6_K): the drivers of kquants_simd_int8.py.
 
-Activations come quantized per 32-block (quantize_activations: xq int8, xs float32), as for the legacy
-types; what the row dots read of them besides xq and xs (xs times the sum of each 16 xq) is laid out
-once per call (`sixteen_sums`). Threads split the output rows only (prange over tiles of TILE weight
-rows); each super-block's scales and chunks are decoded in registers (with the scalar decoder's bits)
-and shared by up to four activation rows at a time. Every out[b, o] goes through the same arithmetic in
-the same order whatever group it is in, and every path gives the same integers, so a row's result is
-bit-identical alone, in any batch, and on every path (kquants_simd_int8.py says why).
+Activations come quantized per 256-block as llama.cpp's Q8_K (activations.quantize_activations_k: xq
+int8, a scale xd per 256, the sums xb of each 16 xq), the quantizer these kernels register. Threads
+split the output rows only (prange over tiles of TILE weight rows); each super-block's scales and chunks
+are decoded in registers and shared by up to four activation rows at a time. Every out[b, o] goes through
+the same arithmetic in the same order whatever group it is in, and every path gives the same integers,
+so a row's result is bit-identical alone, in any batch, and on every path (kquants_simd_int8.py says why).
 `matmul_int8_path` runs one path by number (simd_int8: PORTABLE, AVX2, VNNI); the public kernels take
 the best the host has. numba's cache tracks only this file: after editing kquants_simd_int8.py or
 simd_int8.py, touch this file.
@@ -20,6 +19,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import kquants_simd_int8 as k8
+from .activations import quantize_activations_k
 from .kquants import KQUANT_KERNELS as _FLOAT_KQUANT_KERNELS
 from .kquants import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, check_shapes
 from .registry import QuantKernels
@@ -36,118 +36,102 @@ INT8_PATH = available_paths()[-1]
 """The int8 path the public kernels use: the best this host has (VNNI > AVX2 > portable)."""
 
 
-@njit(cache=True)
-def sixteen_sums(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
-    """xsb float32 [B, in // 16]: xs times the sum of each 16 xq (exact in float32: an 11-bit scale times
-    a 12-bit integer), what the min part of every K-quant row dot multiplies."""
-    n_b, n_in = xq.shape
-    xsb = np.empty((n_b, n_in // 16), np.float32)
-    for b in range(n_b):
-        for k in range(n_in // 16):
-            total = np.int32(0)
-            for i in range(16 * k, 16 * k + 16):
-                total += np.int32(xq[b, i])
-            xsb[b, k] = xs[b, k // 2] * np.float32(total)
-    return xsb
-
-
 @njit(inline="always", cache=True)
-def _q4_k_rows(row, xq, xs, xsb, b, count, o, out, path):
+def _q4_k_rows(row, xq, xd, xb, b, count, o, out, path):
     """out[b .. b + count - 1, o] for one Q4_K weight row through int8 path `path`."""
     if path == 2:
         if count == 4:
-            store_column(out, b, o, k8.q4_k_vnni4(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q4_k_vnni4(row, xq, xd, xb, b))
         elif count == 3:
-            store_column(out, b, o, k8.q4_k_vnni3(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q4_k_vnni3(row, xq, xd, xb, b))
         elif count == 2:
-            store_column(out, b, o, k8.q4_k_vnni2(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q4_k_vnni2(row, xq, xd, xb, b))
         else:
-            store_column(out, b, o, k8.q4_k_vnni1(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q4_k_vnni1(row, xq, xd, xb, b))
     elif path == 1:
         if count == 4:
-            store_column(out, b, o, k8.q4_k_avx24(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q4_k_avx24(row, xq, xd, xb, b))
         elif count == 3:
-            store_column(out, b, o, k8.q4_k_avx23(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q4_k_avx23(row, xq, xd, xb, b))
         elif count == 2:
-            store_column(out, b, o, k8.q4_k_avx22(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q4_k_avx22(row, xq, xd, xb, b))
         else:
-            store_column(out, b, o, k8.q4_k_avx21(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q4_k_avx21(row, xq, xd, xb, b))
     elif count == 4:
-        store_column(out, b, o, k8.q4_k_portable4(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q4_k_portable4(row, xq, xd, xb, b))
     elif count == 3:
-        store_column(out, b, o, k8.q4_k_portable3(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q4_k_portable3(row, xq, xd, xb, b))
     elif count == 2:
-        store_column(out, b, o, k8.q4_k_portable2(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q4_k_portable2(row, xq, xd, xb, b))
     else:
-        store_column(out, b, o, k8.q4_k_portable1(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q4_k_portable1(row, xq, xd, xb, b))
 
 
 @njit(inline="always", cache=True)
-def _q5_k_rows(row, xq, xs, xsb, b, count, o, out, path):
+def _q5_k_rows(row, xq, xd, xb, b, count, o, out, path):
     """As `_q4_k_rows`, for Q5_K."""
     if path == 2:
         if count == 4:
-            store_column(out, b, o, k8.q5_k_vnni4(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q5_k_vnni4(row, xq, xd, xb, b))
         elif count == 3:
-            store_column(out, b, o, k8.q5_k_vnni3(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q5_k_vnni3(row, xq, xd, xb, b))
         elif count == 2:
-            store_column(out, b, o, k8.q5_k_vnni2(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q5_k_vnni2(row, xq, xd, xb, b))
         else:
-            store_column(out, b, o, k8.q5_k_vnni1(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q5_k_vnni1(row, xq, xd, xb, b))
     elif path == 1:
         if count == 4:
-            store_column(out, b, o, k8.q5_k_avx24(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q5_k_avx24(row, xq, xd, xb, b))
         elif count == 3:
-            store_column(out, b, o, k8.q5_k_avx23(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q5_k_avx23(row, xq, xd, xb, b))
         elif count == 2:
-            store_column(out, b, o, k8.q5_k_avx22(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q5_k_avx22(row, xq, xd, xb, b))
         else:
-            store_column(out, b, o, k8.q5_k_avx21(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q5_k_avx21(row, xq, xd, xb, b))
     elif count == 4:
-        store_column(out, b, o, k8.q5_k_portable4(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q5_k_portable4(row, xq, xd, xb, b))
     elif count == 3:
-        store_column(out, b, o, k8.q5_k_portable3(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q5_k_portable3(row, xq, xd, xb, b))
     elif count == 2:
-        store_column(out, b, o, k8.q5_k_portable2(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q5_k_portable2(row, xq, xd, xb, b))
     else:
-        store_column(out, b, o, k8.q5_k_portable1(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q5_k_portable1(row, xq, xd, xb, b))
 
 
 @njit(inline="always", cache=True)
-def _q6_k_rows(row, xq, xs, xsb, b, count, o, out, path):
+def _q6_k_rows(row, xq, xd, xb, b, count, o, out, path):
     """As `_q4_k_rows`, for Q6_K."""
     if path == 2:
         if count == 4:
-            store_column(out, b, o, k8.q6_k_vnni4(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q6_k_vnni4(row, xq, xd, xb, b))
         elif count == 3:
-            store_column(out, b, o, k8.q6_k_vnni3(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q6_k_vnni3(row, xq, xd, xb, b))
         elif count == 2:
-            store_column(out, b, o, k8.q6_k_vnni2(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q6_k_vnni2(row, xq, xd, xb, b))
         else:
-            store_column(out, b, o, k8.q6_k_vnni1(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q6_k_vnni1(row, xq, xd, xb, b))
     elif path == 1:
         if count == 4:
-            store_column(out, b, o, k8.q6_k_avx24(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q6_k_avx24(row, xq, xd, xb, b))
         elif count == 3:
-            store_column(out, b, o, k8.q6_k_avx23(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q6_k_avx23(row, xq, xd, xb, b))
         elif count == 2:
-            store_column(out, b, o, k8.q6_k_avx22(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q6_k_avx22(row, xq, xd, xb, b))
         else:
-            store_column(out, b, o, k8.q6_k_avx21(row, xq, xs, xsb, b))
+            store_column(out, b, o, k8.q6_k_avx21(row, xq, xd, xb, b))
     elif count == 4:
-        store_column(out, b, o, k8.q6_k_portable4(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q6_k_portable4(row, xq, xd, xb, b))
     elif count == 3:
-        store_column(out, b, o, k8.q6_k_portable3(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q6_k_portable3(row, xq, xd, xb, b))
     elif count == 2:
-        store_column(out, b, o, k8.q6_k_portable2(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q6_k_portable2(row, xq, xd, xb, b))
     else:
-        store_column(out, b, o, k8.q6_k_portable1(row, xq, xs, xsb, b))
+        store_column(out, b, o, k8.q6_k_portable1(row, xq, xd, xb, b))
 
 
 @njit(cache=True, parallel=True)
-def _int8_matmul(blocks, xq, xs, out, kind, path):
-    """out = (xq * xs) @ W.T for Q4_K (kind 0), Q5_K (1) or Q6_K (2) through int8 path `path`."""
-    xsb = sixteen_sums(xq, xs)
+def _int8_matmul(blocks, xq, xd, xb, out, kind, path):
+    """out = (xq * xd) @ W.T for Q4_K (kind 0), Q5_K (1) or Q6_K (2) through int8 path `path`."""
     n_b = xq.shape[0]
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):
@@ -156,47 +140,63 @@ def _int8_matmul(blocks, xq, xs, out, kind, path):
             for b in range(0, n_b, GROUP):
                 count = min(GROUP, n_b - b)
                 if kind == 0:
-                    _q4_k_rows(row, xq, xs, xsb, b, count, o, out, path)
+                    _q4_k_rows(row, xq, xd, xb, b, count, o, out, path)
                 elif kind == 1:
-                    _q5_k_rows(row, xq, xs, xsb, b, count, o, out, path)
+                    _q5_k_rows(row, xq, xd, xb, b, count, o, out, path)
                 else:
-                    _q6_k_rows(row, xq, xs, xsb, b, count, o, out, path)
+                    _q6_k_rows(row, xq, xd, xb, b, count, o, out, path)
 
 
 @njit(cache=True)
-def _matmul(blocks, xq, xs, out, kind, path):
+def _matmul(blocks, xq, xd, xb, out, kind, path):
     block_bytes = (Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES)[kind]
     check_shapes(blocks, xq.shape[1], block_bytes, xq.shape[0], out)
-    if xs.shape[0] != xq.shape[0] or xs.shape[1] * 32 != xq.shape[1]:
-        raise ValueError("xs must be [B, in // 32]")
-    _int8_matmul(blocks, np.ascontiguousarray(xq), np.ascontiguousarray(xs), out, kind, path)
+    if xd.shape[0] != xq.shape[0] or xd.shape[1] * 256 != xq.shape[1]:
+        raise ValueError("xd must be [B, in // 256]")
+    if xb.shape[0] != xq.shape[0] or xb.shape[1] * 16 != xq.shape[1]:
+        raise ValueError("xb must be [B, in // 16]")
+    _int8_matmul(
+        blocks, np.ascontiguousarray(xq), np.ascontiguousarray(xd), np.ascontiguousarray(xb), out, kind, path
+    )
 
 
 def matmul_int8_path(
-    type_name: str, blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, path: int
+    type_name: str,
+    blocks: np.ndarray,
+    xq: np.ndarray,
+    xd: np.ndarray,
+    xb: np.ndarray,
+    out: np.ndarray,
+    path: int,
 ) -> None:
     """K-quant `type_name` weights against int8 activations through int8 path `path` (every path gives
     the same bits; one the host lacks runs as portable)."""
-    _matmul(blocks, xq, xs, out, ("Q4_K", "Q5_K", "Q6_K").index(type_name), path)
+    _matmul(blocks, xq, xd, xb, out, ("Q4_K", "Q5_K", "Q6_K").index(type_name), path)
 
 
-def q4_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
-    """Q4_K weights against int8 activations (quantize_activations) through the host's best path."""
-    _matmul(blocks, xq, xs, out, 0, INT8_PATH)
+def q4_k_matmul_int8(
+    blocks: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray, out: np.ndarray
+) -> None:
+    """Q4_K weights against int8 activations (quantize_activations_k) through the host's best path."""
+    _matmul(blocks, xq, xd, xb, out, 0, INT8_PATH)
 
 
-def q5_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
-    """Q5_K weights against int8 activations (quantize_activations) through the host's best path."""
-    _matmul(blocks, xq, xs, out, 1, INT8_PATH)
+def q5_k_matmul_int8(
+    blocks: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray, out: np.ndarray
+) -> None:
+    """Q5_K weights against int8 activations (quantize_activations_k) through the host's best path."""
+    _matmul(blocks, xq, xd, xb, out, 1, INT8_PATH)
 
 
-def q6_k_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
-    """Q6_K weights against int8 activations (quantize_activations) through the host's best path."""
-    _matmul(blocks, xq, xs, out, 2, INT8_PATH)
+def q6_k_matmul_int8(
+    blocks: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray, out: np.ndarray
+) -> None:
+    """Q6_K weights against int8 activations (quantize_activations_k) through the host's best path."""
+    _matmul(blocks, xq, xd, xb, out, 2, INT8_PATH)
 
 
 KQUANT_KERNELS: dict[str, QuantKernels] = {
-    name: dataclasses.replace(kernels, matmul_int8=int8)
+    name: dataclasses.replace(kernels, matmul_int8=int8, quantize=quantize_activations_k)
     for (name, kernels), int8 in zip(
         _FLOAT_KQUANT_KERNELS.items(), (q4_k_matmul_int8, q5_k_matmul_int8, q6_k_matmul_int8), strict=True
     )

@@ -1,24 +1,25 @@
 """Int8-activation row dot products on raw K-quant blocks (Q4_K, Q5_K, Q6_K), as LLVM vector IR.
 
-The activations come quantized per 32-block as for the legacy types (quantize_activations: xq int8,
-xs float32 per block), so every matmul of a layer shares one quantization whatever its weights' type.
-A K-quant weight is an unsigned integer q times a float per sub-block, minus a float per sub-block:
-    Q4_K, Q5_K: w = ds[j] * q - dm[j]      (q 4 or 5 bits; ds = d * sc, dm = dmin * m per 32 weights)
-    Q6_K:       w = ds[k] * q - 32 ds[k]   (q 6 bits; ds = d * scale per 16 weights)
-so a row's dot splits into an integer part and a min part:
-    sum_j ds[j] xs[j] (sum_i q_i xq_i)  -  sum_k dm[k] (xs[k] sum_i xq_i)
-The integer sums are exact whichever instructions compute them (vpdpbusd on VNNI, vpmaddubsw +
-vpmaddwd on AVX2, widening multiplies elsewhere: `simd_int8.unsigned_lanes`), 16 int32 lanes per
-64-weight chunk, lane l summing weights 4l..4l+3 of the chunk. Each lane is converted to float and
-accumulated as acc = fma(ds * xs, lanes, acc) in one 16-lane chain per activation row, chunk after
-chunk. The min part takes one 16-lane fma per super-block and row: accm = fma(dm per 16 activations,
-xsb, accm), where xsb = xs * (sum of the 16 xq), exact in float32 (an 11-bit scale times a 12-bit
-integer). The result is sum_lanes(lo + hi of acc) - sum_lanes(lo + hi of accm).
+The activations come quantized per 256-block as llama.cpp's Q8_K (activations.quantize_activations_k:
+xq int8, one float32 scale xd per 256, and xb, the int32 sum of each 16 xq), so a super-block's whole
+dot is one exact integer sum. A K-quant weight is an unsigned integer q with a small integer scale per
+sub-block:
+    Q4_K, Q5_K: w = d * sc[j] * q - dmin * m[j]   (q 4 or 5 bits; sc, m 6 bits per 32 weights)
+    Q6_K:       w = d * sc[k] * (q - 32)          (q 6 bits; sc int8 per 16 weights)
+so per super-block and activation row
+    Q4_K, Q5_K: (d * xd) * A - (dmin * xd) * M,   A = sum_j sc[j] sum_i q_i xq_i,  M = sum_j m[j] xb32[j]
+    Q6_K:       (d * xd) * (A - 32 * sum_k sc[k] xb[k])
+with A and M exact int32 sums, 16 lanes wide (lane l summing weights 4l..4l+3 of each 64-weight chunk),
+whichever instructions compute them (vpdpbusd and a multiply by the lanes' scales on VNNI; vpmaddubsw and
+vpmaddwd against the scales on AVX2, as llama.cpp does; widening multiplies elsewhere:
+`simd_int8.scaled_lanes`). The float part is fixed: per super-block acc = fma(d * xd, float(A), acc)
+and (Q4_K, Q5_K) accm = fma(dmin * xd, float(M), accm) on 16 lanes, super-block after super-block; then
+sum_lanes(lo + hi of acc) - sum_lanes(lo + hi of accm).
 
-That order is written here, fixed for every row and call, and nothing in it depends on B or on the
-other rows of a call: a row's result is bit-identical alone, in any batch, as a verify row, and on
-every path (the integer lanes are the same numbers). numba's cache tracks only kquants_int8.py for
-these kernels: after editing this file (or simd_int8.py), touch kquants_int8.py.
+That order is written here, fixed for every row and call, and nothing in it depends on B or on the other
+rows of a call: a row's result is bit-identical alone, in any batch, as a verify row, and on every path
+(the integer lanes are the same numbers). numba's cache tracks only kquants_int8.py for these kernels:
+after editing this file (or simd_int8.py), touch kquants_int8.py.
 """
 
 from __future__ import annotations
@@ -29,20 +30,21 @@ from numba.extending import intrinsic
 
 from .features import cpu_features
 from .simd import fma, is_c_array, load_vec, sum_lanes
-from .simd_int8 import PORTABLE, available_paths, unsigned_lanes
+from .simd_int8 import PORTABLE, available_paths, scaled_lanes
 
 ROW_COUNTS = (1, 2, 3, 4)
-"""Activation rows per intrinsic call: 4 rows of one 16-lane accumulator (two ymm on AVX2) and a chunk's
-weights and scales stay inside AVX2's 16 registers."""
+"""Activation rows per intrinsic call: 4 rows of two 16-lane accumulators (int and float) and a chunk's
+quants and scales fit AVX2's 16 registers."""
 
 _I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _F32 = ir.FloatType()
 _V32I8 = ir.VectorType(_I8, 32)
 _V64I8 = ir.VectorType(_I8, 64)
+_V16I32 = ir.VectorType(_I32, 16)
 _V16F = ir.VectorType(_F32, 16)
-_V8F = ir.VectorType(_F32, 8)
 
 BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 
@@ -107,30 +109,21 @@ def _half_at(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
     return builder.fpext(builder.bitcast(builder.load(ptr, align=1), ir.HalfType()), _F32)
 
 
-def _splat8(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    vec = builder.insert_element(ir.Constant(_V8F, ir.Undefined), value, ir.Constant(_I32, 0))
-    return _shuffle(builder, vec, [0] * 8)
+def _splat(builder: ir.IRBuilder, value: ir.Value, vty: ir.VectorType) -> ir.Value:
+    vec = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(_I32, 0))
+    return _shuffle(builder, vec, [0] * vty.count)
 
 
-def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """(ds, mins) of the super-block at `block`, decoded in registers with the scalar decoder's bits
-    (kquants._scales_mins / _scales_q6: one float32 product each). Q4_K, Q5_K: ds = d * sc and
-    dm = dmin * m for the 8 sub-blocks (<8 x float> each), the 6-bit sc and m unpacked from the 12 scale
-    bytes; Q6_K: ds = d * scale for the 16 runs of 16 (<16 x float>), mins unused (None)."""
+def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value):
+    """(sc, m, d, dmin) of the super-block at `block`: Q4_K, Q5_K: the 8 six-bit sub-block scales and
+    mins as <8 x i32>, unpacked from the 12 scale bytes, and the two halves d, dmin as floats; Q6_K: the 16
+    signed scales as <16 x i32>, None, d, None."""
     if kind == "q6_k":
         scales = load_vec(builder, builder.gep(block, [ir.Constant(_I64, 192)]), ir.VectorType(_I8, 16))
-        d = _half_at(builder, block, 208)
-        wide = builder.sitofp(scales, _V16F)
-        splat = _shuffle(
-            builder,
-            builder.insert_element(ir.Constant(_V16F, ir.Undefined), d, ir.Constant(_I32, 0)),
-            [0] * 16,
-        )
-        return builder.fmul(splat, wide), None
+        return builder.sext(scales, _V16I32), None, _half_at(builder, block, 208), None
     v8i32 = ir.VectorType(_I32, 8)
     raw = builder.zext(
-        load_vec(builder, builder.gep(block, [ir.Constant(_I64, 4)]), ir.VectorType(_I8, 16)),
-        ir.VectorType(_I32, 16),
+        load_vec(builder, builder.gep(block, [ir.Constant(_I64, 4)]), ir.VectorType(_I8, 16)), _V16I32
     )  # the 12 scale bytes s0..s11 (and 4 nibble bytes, unused)
 
     def pick(indices: list[int]) -> ir.Value:
@@ -152,10 +145,7 @@ def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value) -> tup
         ),
         builder.and_(builder.lshr(pick([0, 1, 2, 3, 4, 5, 6, 7]), consts([2] * 8)), top_bits),
     )
-    d, dmin = _half_at(builder, block, 0), _half_at(builder, block, 2)
-    ds = builder.fmul(_splat8(builder, d), builder.uitofp(sc, _V8F))
-    dm = builder.fmul(_splat8(builder, dmin), builder.uitofp(mn, _V8F))
-    return ds, dm
+    return sc, mn, _half_at(builder, block, 0), _half_at(builder, block, 2)
 
 
 def _codegen(kind: str, rows: int, path: int):
@@ -165,7 +155,7 @@ def _codegen(kind: str, rows: int, path: int):
     block_bytes = BLOCK_BYTES[kind]
 
     def codegen(context, builder, signature, args):
-        row, xqa, xsa, xsba = (
+        row, xqa, xda, xba = (
             context.make_array(t)(context, builder, a)
             for t, a in zip(signature.args[:4], args[:4], strict=True)
         )
@@ -173,17 +163,14 @@ def _codegen(kind: str, rows: int, path: int):
         row_ptr = builder.bitcast(row.data, _I8.as_pointer())
         n = builder.extract_value(xqa.shape, 1)
         n_sb = builder.udiv(n, ir.Constant(_I64, 256))
-        blocks_per_row = builder.udiv(n, ir.Constant(_I64, 32))
-        sixteens_per_row = builder.udiv(n, ir.Constant(_I64, 16))
-        xq_rows, xs_rows, xsb_rows = [], [], []
+        sixteens = builder.udiv(n, ir.Constant(_I64, 16))
+        xq_rows, xd_rows, xb_rows = [], [], []
         for r in range(rows):
             b = builder.add(b0, ir.Constant(_I64, r))
             xq_rows.append(builder.gep(builder.bitcast(xqa.data, _I8.as_pointer()), [builder.mul(b, n)]))
-            xs_rows.append(
-                builder.gep(builder.bitcast(xsa.data, _F32.as_pointer()), [builder.mul(b, blocks_per_row)])
-            )
-            xsb_rows.append(
-                builder.gep(builder.bitcast(xsba.data, _F32.as_pointer()), [builder.mul(b, sixteens_per_row)])
+            xd_rows.append(builder.gep(builder.bitcast(xda.data, _F32.as_pointer()), [builder.mul(b, n_sb)]))
+            xb_rows.append(
+                builder.gep(builder.bitcast(xba.data, _I32.as_pointer()), [builder.mul(b, sixteens)])
             )
         zero = ir.Constant(_V16F, None)
 
@@ -195,82 +182,80 @@ def _codegen(kind: str, rows: int, path: int):
         builder.position_at_end(loop)
         sb = builder.phi(_I64)
         acc_phis = [builder.phi(_V16F) for _ in range(rows)]
-        min_phis = [builder.phi(_V16F) for _ in range(rows)]
+        min_phis = [builder.phi(_V16F) for _ in range(rows)] if kind != "q6_k" else []
         block = builder.gep(row_ptr, [builder.mul(sb, ir.Constant(_I64, block_bytes))])
-        ds, dm = _superblock_scales(builder, kind, block)
-        if kind == "q6_k":  # the min of each run of 16 is 32 * ds: exact (a power of two)
-            mins = builder.fmul(ds, ir.Constant(_V16F, [32.0] * 16))
-        else:
-            mins = _shuffle(builder, dm, [i // 2 for i in range(16)])
-        block0 = builder.mul(sb, ir.Constant(_I64, 8))
-        sixteen0 = builder.mul(sb, ir.Constant(_I64, 16))
-        coefs = []  # per row: ds * xs, one lane per sub-block (Q4_K, Q5_K) or per run of 16 (Q6_K)
-        for r in range(rows):
-            xs = load_vec(builder, builder.gep(xs_rows[r], [block0]), _V8F)
-            if kind == "q6_k":
-                coefs.append(builder.fmul(ds, _shuffle(builder, xs, [i // 2 for i in range(16)])))
-            else:
-                coefs.append(builder.fmul(ds, xs))
-        accs = list(acc_phis)
+        sc, mn, d, dmin = _superblock_scales(builder, kind, block)
+        sums = [ir.Constant(_V16I32, None)] * rows
         for chunk in range(4):
             quants = _chunk_quants(builder, kind, block, chunk)
+            # the scale of each lane of four weights: per 32 weights (Q4_K, Q5_K) or per 16 (Q6_K)
+            lanes_of = (
+                [4 * chunk + i // 4 for i in range(16)]
+                if kind == "q6_k"
+                else [2 * chunk + i // 8 for i in range(16)]
+            )
+            lane_scales = _shuffle(builder, sc, lanes_of)
             byte0 = builder.add(builder.mul(sb, ir.Constant(_I64, 256)), ir.Constant(_I64, 64 * chunk))
-            if kind == "q6_k":
-                lanes_of = [4 * chunk + i // 4 for i in range(16)]
-            else:
-                lanes_of = [2 * chunk + i // 8 for i in range(16)]
             for r in range(rows):
                 act = load_vec(builder, builder.gep(xq_rows[r], [byte0]), _V64I8)
-                lanes = unsigned_lanes(builder, path, wide, quants, act)
-                accs[r] = fma(
-                    builder, _shuffle(builder, coefs[r], lanes_of), builder.sitofp(lanes, _V16F), accs[r]
-                )
-        new_mins = []
+                sums[r] = builder.add(sums[r], scaled_lanes(builder, path, wide, quants, act, lane_scales))
+        sixteen0 = builder.mul(sb, ir.Constant(_I64, 16))
+        accs, new_mins = [], []
         for r in range(rows):
-            xsb = load_vec(builder, builder.gep(xsb_rows[r], [sixteen0]), _V16F)
-            new_mins.append(fma(builder, mins, xsb, min_phis[r]))
+            xd = builder.load(builder.gep(xd_rows[r], [sb]))
+            xb = load_vec(builder, builder.gep(xb_rows[r], [sixteen0]), _V16I32)
+            total = sums[r]
+            if kind == "q6_k":  # (q - 32) * sc: minus 32 * sc * (sum of the 16 xq), all exact integers
+                total = builder.sub(total, builder.shl(builder.mul(sc, xb), ir.Constant(_V16I32, [5] * 16)))
+            scale = _splat(builder, builder.fmul(d, xd), _V16F)
+            accs.append(fma(builder, scale, builder.sitofp(total, _V16F), acc_phis[r]))
+            if kind != "q6_k":  # sum_j m[j] * xb32[j]: each 16-lane run of xb against its sub-block's min
+                mins = builder.mul(_shuffle(builder, mn, [i // 2 for i in range(16)]), xb)
+                min_scale = _splat(builder, builder.fmul(dmin, xd), _V16F)
+                new_mins.append(fma(builder, min_scale, builder.sitofp(mins, _V16F), min_phis[r]))
         following = builder.add(sb, ir.Constant(_I64, 1))
         loop_end = builder.block
         builder.cbranch(builder.icmp_unsigned("<", following, n_sb), loop, done)
         sb.add_incoming(ir.Constant(_I64, 0), entry)
         sb.add_incoming(following, loop_end)
-        for r in range(rows):
-            for phi, new in ((acc_phis[r], accs[r]), (min_phis[r], new_mins[r])):
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(new, loop_end)
+        for phi, new in zip(acc_phis + min_phis, accs + new_mins, strict=True):
+            phi.add_incoming(zero, entry)
+            phi.add_incoming(new, loop_end)
 
         builder.position_at_end(done)
-        finals = []
-        for r in range(rows):
-            pair = []
-            for new in (accs[r], new_mins[r]):
-                phi = builder.phi(_V16F)
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(new, loop_end)
-                pair.append(phi)
-            finals.append(pair)
+        exits = []
+        for new in accs + new_mins:
+            phi = builder.phi(_V16F)
+            phi.add_incoming(zero, entry)
+            phi.add_incoming(new, loop_end)
+            exits.append(phi)
+
+        def reduce(vec: ir.Value) -> ir.Value:
+            return sum_lanes(builder, builder.fadd(_half(builder, vec, 0), _half(builder, vec, 1)))
+
         results = []
-        for acc, accm in finals:
-            total = sum_lanes(builder, builder.fadd(_half(builder, acc, 0), _half(builder, acc, 1)))
-            minus = sum_lanes(builder, builder.fadd(_half(builder, accm, 0), _half(builder, accm, 1)))
-            results.append(builder.fsub(total, minus))
+        for r in range(rows):
+            value = reduce(exits[r])
+            if kind != "q6_k":
+                value = builder.fsub(value, reduce(exits[rows + r]))
+            results.append(value)
         return context.make_tuple(builder, signature.return_type, results)
 
     return codegen
 
 
 def _make(kind: str, rows: int, path: int):
-    def typer(typingctx, row, xq, xs, xsb, b0):
-        arrays = ((row, types.uint8, 1), (xq, types.int8, 2), (xs, types.float32, 2), (xsb, types.float32, 2))
+    def typer(typingctx, row, xq, xd, xb, b0):
+        arrays = ((row, types.uint8, 1), (xq, types.int8, 2), (xd, types.float32, 2), (xb, types.int32, 2))
         if not (all(is_c_array(a, t, d) for a, t, d in arrays) and isinstance(b0, types.Integer)):
             return None
-        signature = types.UniTuple(types.float32, rows)(row, xq, xs, xsb, types.int64)
+        signature = types.UniTuple(types.float32, rows)(row, xq, xd, xb, types.int64)
         return signature, _codegen(kind, rows, path)
 
     typer.__name__ = f"{kind}_i8dot{rows}_{('portable', 'avx2', 'vnni')[path]}"
-    typer.__doc__ = f"""(row uint8, xq int8 [B, n], xs float32 [B, n // 32], xsb float32 [B, n // 16], b0)
-    -> the {rows} int8-activation dot products of the {kind.upper()} row with rows b0.. (xsb:
-    kquants_int8.sixteen_sums)."""
+    typer.__doc__ = f"""(row uint8, xq int8 [B, n], xd float32 [B, n // 256], xb int32 [B, n // 16], b0) ->
+    the {rows} int8-activation dot products of the {kind.upper()} row with rows b0.. (the activations:
+    activations.quantize_activations_k)."""
     return intrinsic(typer)
 
 

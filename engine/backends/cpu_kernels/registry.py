@@ -11,9 +11,13 @@ MatmulExact = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 """(blocks uint8 [out, row_bytes], x float32 [B, in], out float32 [B, out]) -> None: out = x @ W.T with
 W dequantized in registers and float32 accumulation, each out[b, o] independent of B."""
 
-MatmulInt8 = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
-"""(blocks, xq int8 [B, in], xs float32 [B, in // 32], out float32 [B, out]) -> None: the same product
-with activations quantized per 32-block as llama.cpp does (approximate)."""
+MatmulInt8 = Callable[..., None]
+"""(blocks, *activations, out float32 [B, out]) -> None: the same product with activations quantized as
+llama.cpp does (approximate), the activations being the arrays the type's `quantize` returns (by
+default quantize_activations: xq int8 [B, in], xs float32 [B, in // 32]); every array is [B, ...]."""
+
+Quantize = Callable[[np.ndarray], tuple[np.ndarray, ...]]
+"""float32 x [B, in] -> the quantized activations a MatmulInt8 reads, each array [B, ...]."""
 
 DequantizeRows = Callable[[np.ndarray, int, int, np.ndarray], None]
 """(blocks, start, stop, out float32 [stop - start, in]) -> None: rows start..stop-1 as float32, for
@@ -34,3 +38,5 @@ class QuantKernels:
     matmul_int8: MatmulInt8 | None
     """None where the type has no int8-activation kernel (then `int8` mode uses `matmul_exact`)."""
     dequantize_rows: DequantizeRows
+    quantize: Quantize | None = None
+    """The activation quantizer `matmul_int8` reads; None: quantize_activations (per 32-block, Q8_0)."""

@@ -152,24 +152,33 @@ def _avx2_block_lanes(builder, kind: str, weights, xv, xl) -> ir.Value:
     return lanes
 
 
-def unsigned_lanes(
-    builder: ir.IRBuilder, path: int, wide: bool, weights: ir.Value, act: ir.Value
+def scaled_lanes(
+    builder: ir.IRBuilder, path: int, wide: bool, weights: ir.Value, act: ir.Value, scales: ir.Value
 ) -> ir.Value:
-    """Exact int32 lane sums of unsigned weight bytes times signed activation bytes (<64 x i8> each, or
-    <32 x i8>): lane l = the sum over bytes 4l..4l+3, on `path` (VNNI with 512-bit vectors when `wide`).
-    The K-quant kernels' integer part (kquants_simd_int8.py); Q4_1's rows take the same instructions."""
+    """Exact int32 lane sums of unsigned weight bytes times signed activation bytes (<64 x i8> each),
+    each lane (bytes 4l..4l+3) times its integer scale (<16 x i32>, |scale| < 2**15), on `path` (VNNI with
+    512-bit vectors when `wide`): vpdpbusd then a multiply; AVX2 vpmaddubsw, then vpmaddwd against the
+    scales as int16 pairs (llama.cpp's K-quant dot); portable widening multiplies. The K-quant kernels'
+    integer part (kquants_simd_int8.py)."""
+    if path == AVX2:
+        parts = []
+        for h in (0, 1):
+            pairs = _intrinsic_call(
+                builder,
+                "llvm.x86.avx2.pmadd.ub.sw",
+                _V16I16,
+                [_half(builder, weights, h), _half(builder, act, h)],
+            )
+            pair_scales = builder.trunc(
+                _shuffle(builder, scales, scales, [8 * h + p // 2 for p in range(16)]), _V16I16
+            )
+            parts.append(_intrinsic_call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, pair_scales]))
+        return _concat(builder, parts[0], parts[1])
     if path == VNNI:
-        ity = ir.VectorType(_I32, weights.type.count // 4)
-        return _vpdpbusd(builder, ir.Constant(ity, None), weights, act, wide)
-    if path == PORTABLE:
-        return _portable_lanes(builder, "q4_1", weights, act)
-    if weights.type.count == 32:
-        return _avx2_block_lanes(builder, "q4_1", weights, act, None)
-    parts = [
-        _avx2_block_lanes(builder, "q4_1", _half(builder, weights, h), _half(builder, act, h), None)
-        for h in (0, 1)
-    ]
-    return _concat(builder, parts[0], parts[1])
+        lanes = _vpdpbusd(builder, ir.Constant(_V16I32, None), weights, act, wide)
+    else:
+        lanes = _portable_lanes(builder, "q4_1", weights, act)
+    return builder.mul(lanes, scales)
 
 
 class _Pair:
