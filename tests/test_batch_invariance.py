@@ -1,7 +1,8 @@
-"""Batch invariance with the exact CPU kernels: a decode or verify row's logits are the same bits (==)
-alone, beside up to 63 other sequences of any lengths, at any place in the batch, next to prefill
-chunks, or as one of k+1 rows verifying drafts of its own sequence. Speculative decoding and
-`infer gate` rest on this (DESIGN.md, Determinism)."""
+"""Batch invariance with the CPU kernels, in the exact and int8 modes and for every family of block types
+(legacy, K-quant): a decode or verify row's logits are the same bits (==) alone, beside up to 63 other
+sequences of any lengths, at any place in the batch, next to prefill chunks, or as one of k+1 rows
+verifying drafts of its own sequence; identical prompts prefilled together give their solo tokens.
+Speculative decoding and `infer gate` rest on this (DESIGN.md, Determinism)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ SLOTS = 64
 CAPACITY = 96
 
 
+KERNEL_CASES = [
+    ("Q8_0", "exact"),
+    ("Q8_0", "int8"),
+    ("Q4_1", "int8"),
+    ("Q4_K", "exact"),
+    ("Q4_K", "int8"),
+    ("Q6_K", "int8"),
+]
+"""(block type of every matrix, kernel mode) pairs the decode/verify test walks: each int8 path (Q8_0
+activations for the legacy types, Q8_K for the K-quants) and both exact kernel families."""
+
+
 @pytest.fixture(scope="module")
 def quantized_model(tiny_model_factory: Callable[..., object]) -> object:
     return tiny_model_factory(quant="Q8_0", kv_heads=2, layers=2)
@@ -41,8 +54,12 @@ def _forward(model, cache, segments: list[tuple[int, int, list[int]]]) -> np.nda
     return model.forward(batch, cache)
 
 
-def test_decode_and_verify_rows_are_bit_identical_in_any_batch(quantized_model) -> None:
-    model = build_model(load_checkpoint(quantized_model.gguf_path), CpuBackend(kernels="exact"))
+@pytest.mark.parametrize(("quant", "mode"), KERNEL_CASES)
+def test_decode_and_verify_rows_are_bit_identical_in_any_batch(
+    tiny_model_factory, quant: str, mode: str
+) -> None:
+    tiny = tiny_model_factory(quant=quant, kv_heads=2, layers=2)
+    model = build_model(load_checkpoint(tiny.gguf_path), CpuBackend(kernels=mode))
     cache = model.make_cache(SLOTS + 1, CAPACITY)
     rng = np.random.default_rng(7)
     vocab = model.vocab_size
@@ -76,22 +93,35 @@ def test_decode_and_verify_rows_are_bit_identical_in_any_batch(quantized_model) 
 
 
 def _assert_batched_equal_solo(
-    quantized_model, config: EngineConfig, lengths: list[int], max_tokens: int, seed_base: int
+    quantized_model,
+    config: EngineConfig,
+    lengths: list[int],
+    max_tokens: int,
+    seed_base: int,
+    mode: str = "exact",
+    same_prompt: bool = False,
+    temperature: float = 0.9,
 ) -> None:
-    """Requests with prompts of `lengths` (odd ones greedy, even ones seeded at temperature 0.9) give
-    the same tokens submitted together as each alone on a fresh engine."""
+    """Requests with prompts of `lengths` (odd ones greedy, even ones seeded at `temperature`; one
+    prompt for all when `same_prompt`) give the same tokens submitted together as each alone on a fresh
+    engine with the `mode` kernels."""
     checkpoint = load_checkpoint(quantized_model.gguf_path)
 
     def engine() -> Engine:
-        model = build_model(load_checkpoint(quantized_model.gguf_path), CpuBackend(kernels="exact"))
+        model = build_model(load_checkpoint(quantized_model.gguf_path), CpuBackend(kernels=mode))
         return Engine(model, checkpoint.tokenizer, config)
 
     rng = np.random.default_rng(seed_base)
     requests = []
+    shared = tuple(rng.integers(3, checkpoint.config.vocab_size, lengths[0]).tolist())
     for i, length in enumerate(lengths):
-        prompt = tuple(rng.integers(3, checkpoint.config.vocab_size, length).tolist())
+        prompt = (
+            shared if same_prompt else tuple(rng.integers(3, checkpoint.config.vocab_size, length).tolist())
+        )
         params = (
-            SamplingParams(temperature=0.0) if i % 2 else SamplingParams(temperature=0.9, seed=seed_base + i)
+            SamplingParams(temperature=0.0)
+            if i % 2
+            else SamplingParams(temperature=temperature, seed=seed_base + i)
         )
         requests.append(Request(prompt_ids=prompt, sampling=params, max_tokens=max_tokens, ignore_eos=True))
     solo = [engine().generate(r).token_ids for r in requests]
@@ -100,10 +130,23 @@ def _assert_batched_equal_solo(
     assert [s.result().token_ids for s in streams] == solo
 
 
-def test_sixteen_concurrent_requests_equal_their_solo_runs(quantized_model) -> None:
+@pytest.mark.parametrize("mode", ["exact", "int8"])
+def test_sixteen_concurrent_requests_equal_their_solo_runs(quantized_model, mode: str) -> None:
     config = EngineConfig(ctx_size=128, max_num_seqs=16, max_batched_tokens=256, batch_size=16)
     lengths = np.random.default_rng(3).integers(3, 40, 16).tolist()
-    _assert_batched_equal_solo(quantized_model, config, lengths, max_tokens=12, seed_base=100)
+    _assert_batched_equal_solo(quantized_model, config, lengths, max_tokens=12, seed_base=100, mode=mode)
+
+
+@pytest.mark.parametrize(("quant", "mode"), [("Q8_0", "exact"), ("Q8_0", "int8"), ("Q4_K", "int8")])
+def test_identical_prompts_prefilled_together_give_their_solo_tokens(tiny_model_factory, quant, mode) -> None:
+    """32 requests of one prompt, prefilled in the same steps (rows of identical activations side by side),
+    half greedy and half seeded at temperature 5 where near-ties are everywhere: each request's tokens
+    equal its solo run's (the case a Zen 4 host once broke in tests/test_sampling_model.py)."""
+    tiny = tiny_model_factory(quant=quant, kv_heads=2, layers=2)
+    config = EngineConfig(ctx_size=64, max_num_seqs=32, max_batched_tokens=512, batch_size=64)
+    _assert_batched_equal_solo(
+        tiny, config, [12] * 32, max_tokens=6, seed_base=300, mode=mode, same_prompt=True, temperature=5.0
+    )
 
 
 def test_long_prompts_prefilled_in_attention_blocks_give_their_solo_tokens(quantized_model) -> None:
