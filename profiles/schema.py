@@ -182,8 +182,9 @@ class ProfileFile(_Section):
     cpu_kernels: CpuKernels = Field(
         "exact",
         description="How the cpu backend multiplies by a GGUF matrix: exact (numba kernels on the "
-        "quantized blocks, float32 accumulation), int8 (kernels with activations quantized per "
-        "32-block as llama.cpp does: faster, approximate) or blas (a float32 copy through BLAS).",
+        "quantized blocks, float32 accumulation), int8 (integer kernels with activations quantized as "
+        "llama.cpp does, per 32-block for the legacy types and per 256 for the K-quants: faster, "
+        "approximate) or blas (a float32 copy through BLAS).",
     )
     ctx_size: int = Field(4096, ge=0, description="Context size in tokens; 0 = the model's trained context.")
     batch_size: int = Field(512, ge=1, description="Prefill chunk: prompt tokens processed per step.")

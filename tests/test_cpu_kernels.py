@@ -18,7 +18,7 @@ from infer.engine.backends.cpu_kernels import KERNELS, cpu_features, legacy, qua
 pytest_plugins = ["conftest_synthetic"]  # tiny_gguf
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "F16", "BF16", "F32")
-INT8_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+INT8_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0")
 ROWS, COLS = 67, 192  # odd row count (uneven split over threads), 6 blocks of 32
 
 

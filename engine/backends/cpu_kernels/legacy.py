@@ -1,4 +1,4 @@
-"""Kernels on raw GGUF blocks of the legacy 32-weight types: Q4_0, Q4_1, Q8_0, Q5_0 (exact only).
+"""Kernels on raw GGUF blocks of the legacy 32-weight types: Q4_0, Q4_1, Q8_0, Q5_0.
 
 Block layouts (little-endian, ggml-common.h):
     Q4_0: d f16, qs[16]          weight j = d * ((qs[j] & 15) - 8), weight j + 16 = d * ((qs[j] >> 4) - 8)
@@ -29,6 +29,8 @@ from .legacy_int8 import (  # noqa: F401 (INT8_PATH and the *_path kernels: the 
     q4_0_matmul_int8_path,
     q4_1_matmul_int8,
     q4_1_matmul_int8_path,
+    q5_0_matmul_int8,
+    q5_0_matmul_int8_path,
     q8_0_matmul_int8,
     q8_0_matmul_int8_path,
 )
@@ -324,6 +326,6 @@ LEGACY_KERNELS: dict[str, QuantKernels] = {
     "Q4_0": QuantKernels("Q4_0", QK, 18, q4_0_matmul_exact, q4_0_matmul_int8, q4_0_dequantize_rows),
     "Q4_1": QuantKernels("Q4_1", QK, 20, q4_1_matmul_exact, q4_1_matmul_int8, q4_1_dequantize_rows),
     "Q8_0": QuantKernels("Q8_0", QK, 34, q8_0_matmul_exact, q8_0_matmul_int8, q8_0_dequantize_rows),
-    "Q5_0": QuantKernels("Q5_0", QK, 22, q5_0_matmul_exact, None, q5_0_dequantize_rows),
+    "Q5_0": QuantKernels("Q5_0", QK, 22, q5_0_matmul_exact, q5_0_matmul_int8, q5_0_dequantize_rows),
 }
 """The legacy 32-weight block types."""

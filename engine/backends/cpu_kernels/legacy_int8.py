@@ -1,4 +1,4 @@
-"""Int8-activation matmuls on raw legacy blocks (Q4_0, Q4_1, Q8_0): the drivers of simd_int8.py.
+"""Int8-activation matmuls on raw legacy blocks (Q4_0, Q4_1, Q8_0, Q5_0): the drivers of simd_int8.py.
 
 Activations come quantized per 32-block (quantize_activations: xq int8, xs float32); what the kernels
 read of them besides xq is laid out once per call (`int8_activations`). Threads split the output rows
@@ -436,3 +436,130 @@ def q8_0_matmul_int8_path(
 def q8_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q8_0 weights against int8 activations (quantize_activations) through the host's best int8 path."""
     q8_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
+
+
+# ---- Q5_0
+
+
+@njit(cache=True, parallel=True)
+def _q5_0_int8_vnni(blocks, xq, xs, out):
+    """Q5_0 against int8 activations on the vnni path."""
+    xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_vnni8(blocks[o], xq, xu, xl, xsl, xs8, b))
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_vnni1(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 2:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_vnni2(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 3:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_vnni3(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 4:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_vnni4(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 5:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_vnni5(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 6:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_vnni6(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 7:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_vnni7(blocks[o], xq, xu, xl, xsl, xs8, b))
+
+
+@njit(cache=True, parallel=True)
+def _q5_0_int8_avx2(blocks, xq, xs, out):
+    """Q5_0 against int8 activations on the avx2 path."""
+    xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_avx28(blocks[o], xq, xu, xl, xsl, xs8, b))
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_avx21(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 2:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_avx22(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 3:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_avx23(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 4:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 5:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_avx25(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 6:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_avx26(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 7:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_avx27(blocks[o], xq, xu, xl, xsl, xs8, b))
+
+
+@njit(cache=True, parallel=True)
+def _q5_0_int8_portable(blocks, xq, xs, out):
+    """Q5_0 against int8 activations on the portable path."""
+    xu, xl, xsl, xs8 = int8_activations(xq, xs)
+    batch = xq.shape[0]
+    eights = batch - batch % 8
+    rest = batch - eights
+    rows = blocks.shape[0]
+    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
+        first, last = t * TILE, min(rows, (t + 1) * TILE)
+        for b in range(0, eights, 8):
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_portable8(blocks[o], xq, xu, xl, xsl, xs8, b))
+        b = eights
+        if rest == 1:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_portable1(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 2:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_portable2(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 3:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_portable3(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 4:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_portable4(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 5:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_portable5(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 6:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_portable6(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 7:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q5_0_portable7(blocks[o], xq, xu, xl, xsl, xs8, b))
+
+
+def q5_0_matmul_int8_path(
+    blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, path: int
+) -> None:
+    """Q5_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
+    every path gives the same bits)."""
+    (_q5_0_int8_portable, _q5_0_int8_avx2, _q5_0_int8_vnni)[path](blocks, xq, xs, out)
+
+
+def q5_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
+    """Q5_0 weights against int8 activations (quantize_activations) through the host's best int8 path."""
+    q5_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)

@@ -60,7 +60,14 @@ _V8F = ir.VectorType(_F32, 8)
 _V16F = ir.VectorType(_F32, 16)
 
 # block bytes, offset of the quants, has a min (Q4_1), nibbles (True) or int8 (False)
-_LAYOUTS = {"q4_0": (18, 2, False, True), "q4_1": (20, 4, True, True), "q8_0": (34, 2, False, False)}
+_LAYOUTS = {
+    "q4_0": (18, 2, False, True),
+    "q4_1": (20, 4, True, True),
+    "q8_0": (34, 2, False, False),
+    "q5_0": (22, 6, False, True),  # d f16, qh u32 (bit j: the fifth bit of weight j), qs[16]
+}
+_OFFSETS = {"q4_0": 8, "q5_0": 16}
+"""What the signed types with unsigned stored quants subtract: weight = d * (q - offset)."""
 
 
 def available_paths() -> tuple[int, ...]:
@@ -128,8 +135,8 @@ def _portable_lanes(builder, kind: str, weights, xv) -> ir.Value:
         w32 = builder.sext(weights, wide)
     else:
         w32 = builder.zext(weights, wide)
-        if kind == "q4_0":
-            w32 = builder.sub(w32, _const(wide, 8))
+        if kind in _OFFSETS:
+            w32 = builder.sub(w32, _const(wide, _OFFSETS[kind]))
     prod = builder.mul(w32, builder.sext(xv, wide))
     lanes = None
     for t in range(4):
@@ -147,8 +154,8 @@ def _avx2_block_lanes(builder, kind: str, weights, xv, xl) -> ir.Value:
         unsigned, signed = weights, xv
     pairs = _intrinsic_call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [unsigned, signed])
     lanes = _intrinsic_call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, _const(_V16I16, 1)])
-    if kind == "q4_0":
-        lanes = builder.sub(lanes, builder.shl(xl, _const(_V8I32, 3)))
+    if kind in _OFFSETS:  # q - offset: minus offset times the lane's sum of activations
+        lanes = builder.sub(lanes, builder.shl(xl, _const(_V8I32, _OFFSETS[kind].bit_length() - 1)))
     return lanes
 
 
@@ -225,15 +232,34 @@ class _Pair:
                 for i in (*range(16 * b, 16 * b + 16), *range(qty.count + 16 * b, qty.count + 16 * b + 16))
             ]
             weights = _shuffle(builder, lo, hi, order)
+            if kind == "q5_0":  # bit j of each block's qh is the fifth bit of its weight j (byte j)
+                fifths = []
+                for start in starts:
+                    qh = builder.load(
+                        builder.bitcast(builder.gep(start, [ir.Constant(_I64, 2)]), _I32.as_pointer()),
+                        align=1,
+                    )
+                    lanes32 = ir.VectorType(_I32, 32)
+                    splat = builder.shuffle_vector(
+                        builder.insert_element(ir.Constant(lanes32, ir.Undefined), qh, ir.Constant(_I32, 0)),
+                        ir.Constant(lanes32, ir.Undefined),
+                        ir.Constant(lanes32, None),
+                    )
+                    bits = builder.and_(
+                        builder.lshr(splat, ir.Constant(lanes32, list(range(32)))), _const(lanes32, 1)
+                    )
+                    fifths.append(builder.trunc(builder.shl(bits, _const(lanes32, 4)), _V32I8))
+                fifth = fifths[0] if blocks == 1 else _concat(builder, fifths[0], fifths[1])
+                weights = builder.or_(weights, fifth)
         else:
             q = [load_vec(builder, p, _V32I8) for p in quants]
             weights = q[0] if blocks == 1 else _concat(builder, q[0], q[1])
         self.weights = weights
         self.init = None
-        self.vnni_signed = path == VNNI and kind in ("q4_0", "q8_0")
+        self.vnni_signed = path == VNNI and kind in ("q4_0", "q8_0", "q5_0")
         if self.vnni_signed:  # signed weights against xq + 128: start from -128 * (sum of each four)
-            if kind == "q4_0":
-                self.weights = builder.sub(weights, _const(weights.type, 8))
+            if kind in _OFFSETS:
+                self.weights = builder.sub(weights, _const(weights.type, _OFFSETS[kind]))
             ity = ir.VectorType(_I32, lanes)
             sums = _vpdpbusd(builder, ir.Constant(ity, None), _const(weights.type, 1), self.weights, wide)
             self.init = builder.sub(ir.Constant(ity, None), builder.shl(sums, _const(ity, 7)))
@@ -268,7 +294,7 @@ def _codegen(kind: str, rows: int, path: int):
     if path not in available_paths():
         path = PORTABLE
     wide = path == VNNI and cpu_features().avx512_vnni
-    vnni_signed = path == VNNI and kind in ("q4_0", "q8_0")
+    vnni_signed = path == VNNI and kind in ("q4_0", "q8_0", "q5_0")
 
     def codegen(context, builder, signature, args):
         arrays = [
@@ -303,7 +329,7 @@ def _codegen(kind: str, rows: int, path: int):
             for r in range(rows):
                 act = load_vec(builder, builder.gep(acts[r], [byte0]), ir.VectorType(_I8, count))
                 xl = None
-                if path == AVX2 and kind == "q4_0":
+                if path == AVX2 and kind in _OFFSETS:
                     xl = load_vec(builder, builder.gep(xls[r], [lane0]), ity)
                 isum = _row_lanes(builder, kind, path, wide, pair, act, xl)
                 xs = load_vec(builder, builder.gep(xss[r], [lane0]), vty)
@@ -468,4 +494,20 @@ q8_0_avx21, q8_0_avx22, q8_0_avx23, q8_0_avx24, q8_0_avx25, q8_0_avx26, q8_0_avx
 )
 q8_0_vnni1, q8_0_vnni2, q8_0_vnni3, q8_0_vnni4, q8_0_vnni5, q8_0_vnni6, q8_0_vnni7, q8_0_vnni8 = (
     _make("q8_0", r, VNNI) for r in ROW_COUNTS
+)
+(
+    q5_0_portable1,
+    q5_0_portable2,
+    q5_0_portable3,
+    q5_0_portable4,
+    q5_0_portable5,
+    q5_0_portable6,
+    q5_0_portable7,
+    q5_0_portable8,
+) = (_make("q5_0", r, PORTABLE) for r in ROW_COUNTS)
+q5_0_avx21, q5_0_avx22, q5_0_avx23, q5_0_avx24, q5_0_avx25, q5_0_avx26, q5_0_avx27, q5_0_avx28 = (
+    _make("q5_0", r, AVX2) for r in ROW_COUNTS
+)
+q5_0_vnni1, q5_0_vnni2, q5_0_vnni3, q5_0_vnni4, q5_0_vnni5, q5_0_vnni6, q5_0_vnni7, q5_0_vnni8 = (
+    _make("q5_0", r, VNNI) for r in ROW_COUNTS
 )
