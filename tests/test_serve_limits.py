@@ -271,6 +271,21 @@ def test_a_silent_connection_and_a_slow_second_request_are_cut_off(address: tupl
                 answer = sock.recv(65536)
                 break
         assert status_of(answer) == 408 and time.monotonic() - started < 2.5
+    # a body no route reads, still trickling in after the answer: closed at the same deadline
+    with socket.create_connection(address) as sock:
+        sock.settimeout(5)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        assert status_of(read_answer(sock)) == 200
+        started = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() < started + 4:
+            try:
+                sock.sendall(b"x")
+                time.sleep(0.2)
+                closed = _readable(sock) and sock.recv(65536) == b""
+            except OSError:
+                closed = True
+        assert closed and time.monotonic() - started < 2.5
 
 
 def test_an_idle_kept_alive_connection_is_closed(address: tuple[str, int]) -> None:

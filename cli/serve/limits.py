@@ -36,7 +36,8 @@ class HttpLimits:
     """The per-connection bounds `infer serve` runs with (see the module docstring for who enforces each)."""
 
     header_timeout_s: float = 10.0
-    """A request's headers must be complete this long after its first byte (or after connecting)."""
+    """A request's headers must be complete this long after its first byte (or after connecting); so
+    must an unread body that still arrives after the answer."""
     body_idle_timeout_s: float = 30.0
     """A request body that has not finished may pause this long between two reads."""
     keep_alive_timeout_s: int = 5
@@ -70,7 +71,8 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline on request headers and a cap on open connections.
 
     The deadline is armed when a connection opens and when the first bytes of a later request arrive,
-    and cleared once h11 has the whole request head; bytes sent one at a time do not move it.
+    and cleared once h11 has the whole request head; bytes sent one at a time do not move it. The same
+    deadline bounds a body that keeps coming after the answer was sent.
     """
 
     limits: ClassVar[HttpLimits] = HttpLimits()
@@ -94,12 +96,18 @@ class GuardedH11Protocol(H11Protocol):
         self._arm_header_deadline()
 
     def data_received(self, data: bytes) -> None:
-        """Feed h11, then keep the deadline only while a request head is unfinished."""
+        """Feed h11, then keep the deadline only while the client owes the rest of a request."""
         super().data_received(data)
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self._waiting_on_client() and not self.transport.is_closing():
             self._arm_header_deadline()  # a new request has begun (or the first is still coming)
         else:
             self._clear_header_deadline()
+
+    def _waiting_on_client(self) -> bool:
+        """A request head still incomplete, or a body still trickling in after its answer was sent (no
+        route reads it, and uvicorn's keep-alive timer stops at the first byte of it)."""
+        their, ours = self.conn.their_state, self.conn.our_state
+        return their is h11.IDLE or (ours is h11.DONE and their is h11.SEND_BODY)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Drop the deadline with the connection."""
@@ -117,11 +125,14 @@ class GuardedH11Protocol(H11Protocol):
 
     def _headers_late(self) -> None:
         self._header_deadline = None
-        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+        if not self._waiting_on_client() or self.transport.is_closing():
             return
-        seconds = self.limits.header_timeout_s
-        body = error_body(f"the request headers did not arrive within {seconds:g} s", code="request_timeout")
-        self.transport.write(_raw_response(408, "Request Timeout", body))
+        if self.conn.their_state is h11.IDLE:  # no answer was sent on this request yet: say why
+            seconds = self.limits.header_timeout_s
+            body = error_body(
+                f"the request headers did not arrive within {seconds:g} s", code="request_timeout"
+            )
+            self.transport.write(_raw_response(408, "Request Timeout", body))
         self.transport.close()
 
 
