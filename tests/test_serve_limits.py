@@ -20,9 +20,10 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from cli_process import running_server
 from fastapi import Body, FastAPI, Request
 
-from infer.cli.serve.launch import ServerProcess, start_server
+from infer.cli.serve.launch import ServerProcess
 from infer.cli.serve.limits import BodyLimit, HttpLimits
 
 pytest_plugins = ["conftest_synthetic"]
@@ -336,10 +337,8 @@ def _status_kib(pid: int, field: str) -> int:
 
 @pytest.fixture(scope="module")
 def server(tiny_gguf: Path) -> Iterator[ServerProcess]:
-    process = start_server(["-m", str(tiny_gguf), "-c", "128", "--max-num-seqs", "4", "--seed", "3"])
-    yield process
-    assert process.stop() == 0, process.stderr
-    assert "Traceback" not in process.stderr, process.stderr
+    with running_server(["-m", str(tiny_gguf), "-c", "128", "--max-num-seqs", "4", "--seed", "3"]) as process:
+        yield process
 
 
 def _address(server: ServerProcess) -> tuple[str, int]:
