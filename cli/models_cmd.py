@@ -58,7 +58,7 @@ def _rows(with_sha256: bool) -> list[dict[str, object]]:
 
 @models_app.command("list", cls=PanelCommand)
 def list_models(as_json: Annotated[bool, typer.Option("--json", help="JSON for scripts.")] = False) -> None:
-    """Show the cached models (name, path, size, sha256); each name works as --model NAME."""
+    """Show the cached models (name, path, size, sha256 as measured); each name works as --model NAME."""
     rows = _rows(with_sha256=True)
     if as_json:
         typer.echo(json.dumps(rows))

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+
+from infer.cli.serve.launch import ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root (the CLI runs from there)."""
@@ -24,3 +27,12 @@ def infer_cli(
         cwd=ROOT,
         env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
+
+
+@contextmanager
+def running_server(args: Sequence[str]) -> Iterator[ServerProcess]:
+    """`infer serve ARGS` for the block; afterwards it must stop on SIGTERM with status 0 and no traceback."""
+    process = start_server(args)
+    yield process
+    assert process.stop() == 0, process.stderr
+    assert "Traceback" not in process.stderr, process.stderr

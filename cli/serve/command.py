@@ -25,7 +25,8 @@ from infer.cli.hub import is_hub_name
 from infer.cli.model_store import DEFAULT_MODEL, KNOWN_MODELS
 from infer.cli.options import fail, with_settings
 from infer.cli.runtime import open_engine
-from infer.cli.serve.app import DEFAULT_MAX_BODY_BYTES, create_app
+from infer.cli.serve.app import create_app
+from infer.cli.serve.limits import DEFAULT_MAX_BODY_BYTES, HttpLimits
 from infer.profiles.settings import Settings
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -160,6 +161,8 @@ def serve(
         access_log=log_level in ("info", "debug", "trace"),
         timeout_graceful_shutdown=int(shutdown_grace) + 5,  # backstop: the app cancels at `grace`
         lifespan="on",
+        # header deadline, connection cap, keep-alive and request-head bounds (see limits.py)
+        **HttpLimits().uvicorn_options(),
     )
     server = _GracefulServer(
         config,
