@@ -51,7 +51,7 @@ def quantized_pair(tiny_model_factory: Callable[..., object]) -> tuple[object, l
 def _logits(backend: CpuBackend, path: object, token_ids: list[int]) -> np.ndarray:
     checkpoint = load_checkpoint(path)  # type: ignore[arg-type]
     model = build_model(checkpoint, backend)
-    cache = model.make_cache(1, 64)
+    cache = model.make_cache(1, max(64, len(token_ids)))
     batch = ForwardBatch(
         np.asarray(token_ids, dtype=np.int64),
         (Segment(0, 0, len(token_ids)),),
@@ -72,7 +72,7 @@ def test_gguf_matrices_load_as_blocks(quantized_pair) -> None:
 
 def test_block_weights_give_the_float_path_logits(quantized_pair) -> None:
     model, calls = quantized_pair
-    tokens = list(range(3, 3 + 2 * KERNEL_ROWS + 5))  # three kernel groups: 16, 16, 5 rows
+    tokens = list(range(3, 3 + 2 * KERNEL_ROWS + 5))  # three kernel calls: two full, then 5 rows
     blas_logits, _ = _logits(CpuBackend(kernels="blas"), model.gguf_path, tokens)
     backend = CpuBackend(kernels="exact", kernel_table={"Q8_0": reference_kernels("Q8_0", calls)})
     block_logits, built = _logits(backend, model.gguf_path, tokens)

@@ -20,8 +20,8 @@ pytest_plugins = ["conftest_synthetic"]
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
 PROMPT = [5, 40, 77, 101, 9, 250, 31, 64, 12, 300, 7, 88, 190, 45, 66, 23, 120, 14, 99, 3, 210, 55]
-"""22 tokens: past the window of 5 many times over, and past KERNEL_ROWS (16) as one prefill run (the
-matmuls' row groups; its attention takes the row kernel, up to ROW_ATTENTION_ROWS)."""
+"""22 tokens: past the window of 5 many times over, and past the kernels' row groups (6 rows a group in
+the exact kernels) as one prefill run; its attention takes the row kernel, up to ROW_ATTENTION_ROWS."""
 
 
 @pytest.fixture(scope="module")

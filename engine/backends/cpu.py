@@ -99,9 +99,12 @@ KERNEL_MODES: tuple[str, ...] = ("exact", "int8", "blas")
 registers, float32 accumulation), `int8` (kernels with activations quantized per 32-block, as llama.cpp
 does: faster, approximate), `blas` (a float32 copy of every matrix through BLAS)."""
 
-KERNEL_ROWS = 16
+KERNEL_ROWS = 64
 """Rows of x per kernel call. Kernels give each row the same bits whatever the rows beside it, so a
-longer x runs as consecutive groups of this many rows with no change to any row's result."""
+longer x runs as consecutive groups of this many rows with no change to any row's result. Each call
+streams the whole matrix once: a 1B model's matrices (2-9 MB each) no longer stay in L2 between calls,
+and prefilling 128 tokens of the Llama 3.2 1B shape (Q4_K_M, int8) ran 1.17x faster with 64 rows a call
+than with 16 (2-core Zen 3, best of 3 interleaved); the default model's prefill showed no difference."""
 
 ROW_ATTENTION_ROWS = 128
 """Longest run of one sequence whose rows attend through the row kernel in the kernel modes; longer
