@@ -45,9 +45,7 @@ from infer.cli.fingerprint import environment_fingerprint
 from infer.cli.options import fail, resolve_or_fail, shared_flags
 from infer.cli.runtime import STDERR, counting_progress, open_engine
 from infer.cli.server_client import API_KEY_ENV, api_key_from
-from infer.engine.runtime.engine import Engine
-from infer.engine.runtime.events import DoneEvent, Event, TokenEvent
-from infer.engine.runtime.request import Request, RequestError
+from infer.engine import DoneEvent, Engine, Event, Request, RequestError, TokenEvent
 from infer.profiles.backend_choice import choose_backend
 from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
@@ -299,12 +297,12 @@ def _emit(
     sys.stdout.flush()
 
 
-def _compute_threads(cpu_kernels: str) -> int | None:
-    """Threads the matmuls run on: numba's with the cpu kernels, BLAS's otherwise."""
-    if cpu_kernels != "blas":
-        import numba
-
-        return numba.get_num_threads()
+def _compute_threads(engine: Engine) -> int | None:
+    """Threads the matmuls run on: the backend's own kernels' (the cpu kernels'), BLAS's otherwise."""
+    backend = engine.backend
+    threads = backend.kernel_threads_now() if backend is not None else None  # type: ignore[attr-defined]
+    if threads is not None:
+        return int(threads)
     from infer.cli.fingerprint import blas_info
 
     info = blas_info()
@@ -507,7 +505,7 @@ def bench(
         header = {
             "model": model_name,
             "backend": choice.selected,
-            "threads": settings.threads or _compute_threads(settings.cpu_kernels) or 0,
+            "threads": settings.threads or _compute_threads(engine) or 0,
             "cpu_kernels": settings.cpu_kernels,
             "load_seconds": round(engine.load_seconds, 3),
             "profile": settings.profile_name,

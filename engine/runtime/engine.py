@@ -120,6 +120,11 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
+    @property
+    def backend(self) -> object | None:
+        """The model's backend (None for a model without one)."""
+        return self.executor.backend
+
     def warm_up(self) -> None:
         """Run one throwaway decode row (token 0 at position 0 of a free KV slot), so that whatever a
         backend prepares on first use (the cpu backend's numba kernels, compiled or loaded from their
@@ -331,21 +336,22 @@ def load_engine(
     dtype: str = "float32",
     *,
     cpu_kernels: str = "blas",
+    threads: int | None = None,
     draft_model: Path | str | None = None,
 ) -> Engine:
     """Load a checkpoint, build its family's model (through the model registry) on backend
-    `backend_name` computing in `dtype` (the cpu backend multiplying in `cpu_kernels` mode), wrap
-    it in an Engine and warm it up (see `Engine.warm_up`); `load_seconds` includes the warm-up. With
-    `draft_model`, load that too on the same backend, for speculative method draft_model (raises
-    `DraftModelError` when its tokenizer is not the target's)."""
+    `backend_name` computing in `dtype` (`cpu_kernels` and `threads`: the backend's matmul mode and
+    host threads, see backends.BackendOptions), wrap it in an Engine and warm it up (see
+    `Engine.warm_up`); `load_seconds` includes the warm-up. With `draft_model`, load that too on the
+    same backend, for speculative method draft_model (raises `DraftModelError` when its tokenizer is
+    not the target's)."""
     from infer.engine.backends import create_backend
     from infer.engine.loader import load_checkpoint
     from infer.engine.models import build_model
 
     started = time.perf_counter()
-    backend = create_backend(
-        backend_name, dtype, cpu_kernels=cpu_kernels
-    )  # a dtype the backend lacks fails before loading
+    # a dtype the backend lacks fails before loading
+    backend = create_backend(backend_name, dtype, kernels=cpu_kernels, threads=threads)
     checkpoint = load_checkpoint(model_path)
     model = build_model(checkpoint, backend)
     drafter = None if draft_model is None else load_draft_model(draft_model, backend, checkpoint.tokenizer)
