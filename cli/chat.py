@@ -16,7 +16,7 @@ from infer.cli.model_store import infer_home
 from infer.cli.options import fail, with_settings
 from infer.cli.runtime import open_engine
 from infer.cli.terminal import Interrupted, StatusLine, run_request, write_stdout
-from infer.engine.runtime.engine import Engine
+from infer.engine import Engine
 from infer.profiles.settings import Settings
 
 EXIT_WORDS = frozenset({"/exit", "/quit", "/bye"})

@@ -33,7 +33,7 @@ from infer.cli.generation import (
 from infer.cli.options import fail, with_settings
 from infer.cli.runtime import open_engine
 from infer.cli.terminal import EXIT_INTERRUPTED, Interrupted, StatusLine, run_request, write_stdout
-from infer.engine.runtime.events import DoneEvent
+from infer.engine import DoneEvent
 from infer.profiles.settings import Settings
 
 

@@ -11,12 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from infer.cli.options import fail
-from infer.engine.runtime.engine import Engine
-from infer.engine.runtime.events import DoneEvent
-from infer.engine.runtime.request import Request
-from infer.engine.speculative import summary
-from infer.engine.text.chat import ChatTemplateError
-from infer.engine.text.prompts import prompt_ids
+from infer.engine import ChatTemplateError, DoneEvent, Engine, Request, prompt_ids, spec_summary
 from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
 
@@ -148,7 +143,7 @@ def stats_line(done: DoneEvent) -> str:
         f"infer: {tokens} tokens, prompt {done.usage.prompt_tokens}, TTFT {done.timings.ttft_s:.2f} s, "
         f"{speed:.1f} tok/s decode, finish {done.finish_reason}, seed {done.seed}"
     )
-    spec = summary(done.counters)
+    spec = spec_summary(done.counters)
     if spec is not None:
         line += (
             f", drafts {spec['drafts']}, accepted {spec['accepted_tokens']}/{spec['draft_tokens']} "
@@ -184,7 +179,7 @@ def result_json(engine: Engine, request: Request, done: DoneEvent) -> str:
             "ttft_s": round(timings.ttft_s, 4),
             "prefill_tokens_per_s": round(timings.prefill_tokens_per_s(done.usage.prompt_tokens), 2),
             "decode_tokens_per_s": round(timings.decode_tokens_per_s(completion), 2),
-            "speculative": summary(done.counters),
+            "speculative": spec_summary(done.counters),
         },
         ensure_ascii=False,
     )

@@ -18,7 +18,7 @@ import typer
 
 from infer.cli.env_check import unknown_variable_warnings
 from infer.cli.help import plain_text
-from infer.engine.sampling import SamplingParamsError
+from infer.engine import SamplingParamsError
 from infer.profiles.loader import ProfileError
 from infer.profiles.settings import SETTINGS, Settings, SettingsError, SettingSpec, resolve_settings
 

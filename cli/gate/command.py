@@ -55,12 +55,15 @@ from infer.cli.server_client import (
     base_url,
     discover,
 )
-from infer.engine.grammar import audit_tokens
-from infer.engine.loader import ModelLoadError, load_checkpoint
-from infer.engine.runtime.engine import Engine
-from infer.engine.sampling import SamplingParamsError
-from infer.engine.text.prompts import prompt_ids
-from infer.engine.text.tokenizer import Tokenizer
+from infer.engine import (
+    Engine,
+    ModelLoadError,
+    SamplingParamsError,
+    Tokenizer,
+    audit_tokens,
+    load_checkpoint,
+    prompt_ids,
+)
 from infer.profiles.backend_choice import choose_backend
 from infer.profiles.constraints import grammar_from_settings
 from infer.profiles.loader import ProfileError

@@ -23,7 +23,7 @@ from infer.cli.serve.context import ServeContext
 from infer.cli.serve.errors import error_body, install_error_handlers
 from infer.cli.serve.metrics import CountStatuses, ServerMetrics
 from infer.cli.serve.openapi import install_openapi
-from infer.engine.runtime.engine import Engine
+from infer.engine import Engine
 from infer.profiles.settings import Settings
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
