@@ -159,8 +159,8 @@ def test_help_groups_every_shared_flag_with_its_description() -> None:
 @pytest.mark.parametrize(
     "args, env, parts",
     [
-        (["gen", "hi"], {"INFER_TOP_K": "abc"}, ["INFER_TOP_K", "valid integer"]),
-        (["gen", "hi", "--top-k", "abc"], {}, ["--top-k", "valid integer"]),
+        (["gen", "hi"], {"INFER_TOP_K": "abc"}, ["INFER_TOP_K", "must be an integer"]),
+        (["gen", "hi", "--top-k", "abc"], {}, ["--top-k", "must be an integer"]),
         (["gen", "hi", "--threads", "-3"], {}, ["--threads", "threads", "greater than or equal to 0"]),
         (["gen", "hi", "--backend", "tpu"], {}, ["--backend", "'cpu', 'cuda' or 'metal'"]),
         (["gen", "hi", "--top-p", "2"], {}, ["--top-p", "sampler.top_p", "(0, 1]"]),

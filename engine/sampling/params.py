@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import json
 import math
 import re
 import secrets
@@ -487,6 +488,16 @@ class SamplingParams:
         """Whether DRY changes any logit."""
         return self.dry_multiplier > 0.0 and self.dry_penalty_last_n != 0
 
+    @classmethod
+    def parse(cls, values: Mapping[str, Any]) -> SamplingParams:
+        """Validated params from values as a caller found them: text (a flag's or an environment
+        variable's) is parsed here, by the field's own type ("0.5" -> 0.5, "none" -> None for the
+        seed, a JSON array or ';'-separated items for a list; ``samplers`` parses its own text), and
+        anything else is taken as it is; then every field is checked as construction always does.
+        Raises :class:`SamplingParamsError` naming the field."""
+        hints = typing.get_type_hints(cls)
+        return cls(**{name: _parse_text(name, value, hints[name]) for name, value in values.items()})
+
     def replace(self, **changes: Any) -> SamplingParams:
         """A validated copy with ``changes`` applied."""
         names = set(self.field_names())
@@ -536,6 +547,46 @@ class SamplingParams:
                 dict(self.logit_bias),
                 f"logit_bias token ids must be < vocab size {vocab_size}, got {bad[:5]}.",
             )
+
+
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+def _parse_text(name: str, value: Any, hint: Any) -> Any:
+    """`value` parsed as field `name` (of type `hint`) when it is text, else `value` itself."""
+    if not isinstance(value, str) or name == "samplers" or hint is str:
+        return value
+    text = value.strip()
+    if type(None) in typing.get_args(hint):
+        if text.lower() in ("none", "null"):
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if hint is bool:
+        if text.lower() not in _TRUE_WORDS | _FALSE_WORDS:
+            raise _err(name, value, "must be true or false")
+        return text.lower() in _TRUE_WORDS
+    if hint in (int, float):
+        try:
+            return hint(text)
+        except ValueError:
+            raise _err(name, value, "must be an integer" if hint is int else "must be a number") from None
+    if typing.get_origin(hint) is tuple:
+        return _split_list(name, value)
+    return value
+
+
+def _split_list(name: str, text: str) -> list[Any]:
+    """A list from text: a JSON array, or items separated by ';' (llama.cpp's --samplers form)."""
+    if not text.lstrip().startswith("["):
+        return [item.strip() for item in text.split(";") if item.strip()]
+    try:
+        parsed = json.loads(text)
+    except ValueError as exc:
+        raise _err(name, text, f"must be a JSON array or ';'-separated items ({exc})") from None
+    if not isinstance(parsed, list):
+        raise _err(name, text, "must be a JSON array or ';'-separated items")
+    return parsed
 
 
 def resolve_seed(seed: int | None) -> int:
