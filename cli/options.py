@@ -7,10 +7,12 @@ the environment and the profile, and calls the command with `settings: Settings`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
 import os
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn, Optional, get_args
@@ -172,3 +174,43 @@ def with_settings(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(*args, settings=resolve_settings(flags), **kwargs)
 
     return _add_flag_parameters(command, func, "settings")
+
+
+def option(default: Any, *decls: str, **typer_kwargs: Any) -> Any:
+    """A field of a command's options dataclass: its default, and the Typer option that sets it
+    (`decls` its spellings; `help`, `min`, ... as `typer.Option` takes them). See `takes_options`."""
+    return dataclasses.field(default=default, metadata={"typer": (decls, typer_kwargs)})
+
+
+def takes_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator for a Typer command `func(..., options: SomeOptions, ...)`: each field of the options
+    dataclass (made with `option(...)`) becomes the command-line option its metadata describes, and
+    `func` is called with one `SomeOptions` built from them, so the command body, and a test, take
+    the options as one validated value instead of a long signature."""
+    signature = inspect.signature(func, eval_str=True)
+    options_type = signature.parameters["options"].annotation
+    hints = typing.get_type_hints(options_type)
+    fields = dataclasses.fields(options_type)
+    parameters = []
+    for spec in fields:
+        decls, typer_kwargs = spec.metadata["typer"]
+        default = typer.Option(spec.default, *decls, **typer_kwargs)
+        parameters.append(
+            inspect.Parameter(
+                spec.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hints[spec.name]
+            )
+        )
+    own = [p for p in signature.parameters.values() if p.name != "options"]
+    leading = [p for p in own if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    trailing = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+    def command(*args: Any, **kwargs: Any) -> Any:
+        values = {spec.name: kwargs.pop(spec.name) for spec in fields}
+        return func(*args, options=options_type(**values), **kwargs)
+
+    functools.update_wrapper(command, func)
+    everything = [*leading, *parameters, *trailing]
+    command.__signature__ = signature.replace(parameters=everything)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in everything}
+    del command.__wrapped__  # type: ignore[attr-defined]
+    return command
