@@ -200,9 +200,10 @@ def takes_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 spec.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hints[spec.name]
             )
         )
-    own = [p for p in signature.parameters.values() if p.name != "options"]
-    leading = [p for p in own if p.kind is not inspect.Parameter.KEYWORD_ONLY]
-    trailing = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    names = list(signature.parameters)
+    at = names.index("options")  # the options take its place: --help lists them there
+    leading = [signature.parameters[name] for name in names[:at]]
+    trailing = [signature.parameters[name] for name in names[at + 1 :]]
 
     def command(*args: Any, **kwargs: Any) -> Any:
         values = {spec.name: kwargs.pop(spec.name) for spec in fields}
