@@ -32,6 +32,7 @@ __all__ = [
     "HostSetup",
     "SamplingEnvelope",
     "Weight",
+    "device_capabilities",
 ]
 
 
@@ -57,6 +58,16 @@ class Capabilities:
     kernel_modes: tuple[str, ...] = ()
     """How it may multiply by a quantized matrix, when it has a choice (`BackendOptions.kernels`;
     the cpu backend: exact, int8, blas); empty: one way only. The profile schema reads them here."""
+
+
+def device_capabilities(quant_formats: tuple[str, ...]) -> Capabilities:
+    """A GPU backend's capabilities: every float dtype, `quant_formats` as blocks, and sampling on
+    the device."""
+    return Capabilities(
+        dtypes=("float32", "float16", "bfloat16"),
+        quant_formats=quant_formats,
+        sampling=SamplingEnvelope(on_device=True),
+    )
 
 
 @dataclass(frozen=True)
