@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import inspect
 import itertools
-import json
 import math
 import re
 import secrets
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from infer.engine.sampling.field_text import parse_text
 
 
 class SamplingParamsError(ValueError):
@@ -496,7 +497,14 @@ class SamplingParams:
         anything else is taken as it is; then every field is checked as construction always does.
         Raises :class:`SamplingParamsError` naming the field."""
         hints = typing.get_type_hints(cls)
-        return cls(**{name: _parse_text(name, value, hints[name]) for name, value in values.items()})
+        parsed: dict[str, Any] = {}
+        for name, value in values.items():
+            try:
+                hint = hints.get(name)  # an unknown name fails in the constructor, as always
+                parsed[name] = value if name == "samplers" or hint is None else parse_text(value, hint)
+            except ValueError as exc:
+                raise _err(name, value, str(exc)) from None
+        return cls(**parsed)
 
     def replace(self, **changes: Any) -> SamplingParams:
         """A validated copy with ``changes`` applied."""
@@ -547,46 +555,6 @@ class SamplingParams:
                 dict(self.logit_bias),
                 f"logit_bias token ids must be < vocab size {vocab_size}, got {bad[:5]}.",
             )
-
-
-_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
-_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
-
-
-def _parse_text(name: str, value: Any, hint: Any) -> Any:
-    """`value` parsed as field `name` (of type `hint`) when it is text, else `value` itself."""
-    if not isinstance(value, str) or name == "samplers" or hint is str:
-        return value
-    text = value.strip()
-    if type(None) in typing.get_args(hint):
-        if text.lower() in ("none", "null"):
-            return None
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    if hint is bool:
-        if text.lower() not in _TRUE_WORDS | _FALSE_WORDS:
-            raise _err(name, value, "must be true or false")
-        return text.lower() in _TRUE_WORDS
-    if hint in (int, float):
-        try:
-            return hint(text)
-        except ValueError:
-            raise _err(name, value, "must be an integer" if hint is int else "must be a number") from None
-    if typing.get_origin(hint) is tuple:
-        return _split_list(name, value)
-    return value
-
-
-def _split_list(name: str, text: str) -> list[Any]:
-    """A list from text: a JSON array, or items separated by ';' (llama.cpp's --samplers form)."""
-    if not text.lstrip().startswith("["):
-        return [item.strip() for item in text.split(";") if item.strip()]
-    try:
-        parsed = json.loads(text)
-    except ValueError as exc:
-        raise _err(name, text, f"must be a JSON array or ';'-separated items ({exc})") from None
-    if not isinstance(parsed, list):
-        raise _err(name, text, "must be a JSON array or ';'-separated items")
-    return parsed
 
 
 def resolve_seed(seed: int | None) -> int:
