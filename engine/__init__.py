@@ -61,6 +61,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "BackendOptions": ("backends", "BackendOptions"),
     "kernel_modes": ("backends", "kernel_modes"),
     "prepare_process": ("backends", "prepare_process"),
+    "threads_note": ("backends", "threads_note"),
     "watch_compiles": ("backends", "watch_compiles"),
     "BackendChoice": ("backends.probe", "BackendChoice"),
     "probe_backend": ("backends.probe", "probe_backend"),

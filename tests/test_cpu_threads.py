@@ -241,3 +241,14 @@ def test_tokens_do_not_change_when_the_count_changes_every_step(tiny_gguf: Path)
     adaptive.read = lambda: None
     adaptive.apply = lambda _count: numba.set_num_threads(next(counts))
     assert flipping.generate(request).done.token_ids == steady.done.token_ids
+
+
+def test_the_backend_says_how_many_threads_its_matmuls_run_on() -> None:
+    """`infer profiles show`'s threads line comes from the backend, not from the CLI."""
+    from infer.engine import BackendOptions, threads_note
+
+    cores = os.cpu_count() or 1
+    assert threads_note(BackendOptions("cpu", kernels="exact", threads=3)) == "threads: 3 (fixed)"
+    assert threads_note(BackendOptions("cpu", kernels="blas", threads=0)) == f"threads: {cores} (all cores)"
+    assert "one fewer per core" in threads_note(BackendOptions("cpu", kernels="exact", threads=0))
+    assert threads_note(BackendOptions("cuda", threads=0)) is None  # its matmuls are not on the host

@@ -45,6 +45,10 @@ class BackendClass(Protocol):
         """A block whose kernel compilations are counted and timed."""
         ...
 
+    def threads_note(self, options: BackendOptions) -> str | None:
+        """One line on the host threads its matmuls would run on, or None."""
+        ...
+
 
 BACKEND_CLASSES: dict[str, BackendClass] = {
     cls.name: cls  # type: ignore[misc]
@@ -93,6 +97,12 @@ def watch_compiles(
     return backend_class(options.name).watch_compiles(options, on_first)
 
 
+def threads_note(options: BackendOptions) -> str | None:
+    """One line on the host threads the backend `options` name would run its matmuls on (None: not
+    on the host)."""
+    return backend_class(options.name).threads_note(options)
+
+
 def kernel_modes(name: str) -> tuple[str, ...]:
     """The matmul modes backend `name` offers (capabilities.kernel_modes; empty: one way only)."""
     return BACKEND_CLASSES[name].capabilities.kernel_modes
@@ -111,5 +121,6 @@ __all__ = [
     "create_backend",
     "kernel_modes",
     "prepare_process",
+    "threads_note",
     "watch_compiles",
 ]

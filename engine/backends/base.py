@@ -136,6 +136,12 @@ class HostSetup:
         one starts, for a notice); here nothing compiles."""
         return nullcontext(CompileReport())
 
+    @staticmethod
+    def threads_note(options: BackendOptions) -> str | None:
+        """One line saying how many host threads the matmuls run on (`infer profiles show`); None
+        for a backend whose matmuls are not on the host."""
+        return None
+
     def prepare_thread(self) -> None:
         """Called first in the thread that runs the engine's steps, if not the one that built it."""
 

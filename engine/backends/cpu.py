@@ -143,6 +143,11 @@ class CpuBackend(HostSetup):
         """numba's kernel compilations in the block (none in the `blas` mode)."""
         return cpu_setup.watch_compiles(options, on_first)
 
+    @staticmethod
+    def threads_note(options: BackendOptions) -> str | None:
+        """The thread count the matmuls would run on (see cpu_setup.threads_note)."""
+        return cpu_setup.threads_note(options)
+
     def prepare_thread(self) -> None:
         """The step thread runs the kernels on the fixed thread count, if one is."""
         self.step_threads.prepare_thread()

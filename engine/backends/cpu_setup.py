@@ -36,6 +36,17 @@ def prepare_process(options: BackendOptions, cache_home: Path) -> None:
     threadpool_limits(limits=1, user_api="blas")
 
 
+def threads_note(options: BackendOptions) -> str:
+    """How many threads the matmuls would run on: a count the user fixed, or (threads 0 with the
+    kernels) every core while they are free, fewer while other processes keep some busy."""
+    cores = os.cpu_count() or 1
+    if options.threads:
+        return f"threads: {options.threads} (fixed)"
+    if not uses_kernels(options):
+        return f"threads: {cores} (all cores)"
+    return f"threads: up to {cores}, one fewer per core other processes keep busy (-t N fixes it)"
+
+
 def use_kernel_cache(cache_home: Path) -> None:
     """Point numba's compiled-kernel cache at `cache_home/numba` when the package folder is read-only
     (a system or wheel install), so kernels compile once per machine, not once per run. Must run before
