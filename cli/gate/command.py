@@ -279,24 +279,14 @@ def gate(
             fail(f"{', '.join(names)}: no effect on a remote server, so not accepted with --server")
         if options.timeout <= 0:
             fail(f"--timeout must be > 0, got {options.timeout}")
-        remote = ServerGateOptions(
+        target = ServerGateOptions(
             url=options.server,
             model=model_name,
             api_key=api_key_from(options.api_key),
             tokenizer=options.tokenizer,
             timeout=options.timeout,
         )
-        _gate_server(
-            loaded,
-            selected,
-            remote,
-            bless=options.bless,
-            keep_tokens=options.keep_tokens,
-            tie_margin=options.tie_margin,
-            allow_ties=options.allow_ties,
-            junit=options.junit,
-            json_output=options.json_output,
-        )
+        _gate_server(loaded, selected, target, options)
         return
     settings_by_anchor = {anchor.index: anchor_settings(loaded, anchor, flags) for anchor in selected}
 
@@ -489,31 +479,22 @@ def _remote_prompt_ids(tokenizer: Tokenizer | None, anchor: ResolvedAnchor) -> l
 
 
 def _gate_server(
-    loaded: LoadedAnchors,
-    selected: list[ResolvedAnchor],
-    options: ServerGateOptions,
-    *,
-    bless: bool,
-    keep_tokens: bool,
-    tie_margin: float,
-    allow_ties: bool,
-    junit: Path | None,
-    json_output: bool,
+    loaded: LoadedAnchors, selected: list[ResolvedAnchor], target: ServerGateOptions, options: GateOptions
 ) -> None:
     """`infer gate --server`: each anchor through the server's completions routes, judged like a local
     run; remote failures are reported per anchor and exit 2 (could not check), never 1."""
-    console = STDERR if json_output else Console()
-    tokenizer = _local_tokenizer(options.tokenizer, selected)
+    console = STDERR if options.json_output else Console()
+    tokenizer = _local_tokenizer(target.tokenizer, selected)
     try:
-        base = base_url(options.url)
+        base = base_url(target.url)
     except RemoteError as exc:
         fail(str(exc))
-    headers = auth_headers(options.api_key)
+    headers = auth_headers(target.api_key)
     started = time.perf_counter()
     remote_runs: dict[int, RemoteRun] = {}
-    with httpx.Client(timeout=options.timeout, headers=headers) as client:
+    with httpx.Client(timeout=target.timeout, headers=headers) as client:
         try:
-            identity = discover(client, base, options.model)
+            identity = discover(client, base, target.model)
         except RemoteError as exc:
             fail(f"could not check: {exc}")
         progress = counting_progress()
@@ -531,13 +512,13 @@ def _gate_server(
         tokenizer.decode if tokenizer is not None else lambda ids: ",".join(map(str, ids))
     )
     results = [
-        judge_remote(anchor, remote_runs[anchor.index], tie_margin=tie_margin, decode=decode)
+        judge_remote(anchor, remote_runs[anchor.index], tie_margin=options.tie_margin, decode=decode)
         for anchor in selected
     ]
     fingerprint = environment_fingerprint(
         backend="server", device=identity.url, model=identity.model, server=identity.to_json()
     )
-    if bless:
+    if options.bless:
         good = {
             index: remote.blessing()
             for index, remote in remote_runs.items()
@@ -554,7 +535,7 @@ def _gate_server(
             loaded,
             good,
             failed,
-            keep_tokens=keep_tokens,
+            keep_tokens=options.keep_tokens,
             fingerprint=fingerprint,
             console=console,
             error_code=2,
@@ -570,10 +551,10 @@ def _gate_server(
             ids_methods={a.name: remote_runs[a.index].ids_method for a in selected},
             server=identity.to_json(),
         ),
-        tie_margin=tie_margin,
-        allow_ties=allow_ties,
-        junit=junit,
-        json_output=json_output,
+        tie_margin=options.tie_margin,
+        allow_ties=options.allow_ties,
+        junit=options.junit,
+        json_output=options.json_output,
         console=console,
     )
 
