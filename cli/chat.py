@@ -11,12 +11,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from infer.cli.generation import StopOption, SystemOption, VerboseOption, prompt_request, stats_line
+from infer.cli.generation import ChatOptions, prompt_request, stats_line
 from infer.cli.model_store import infer_home
-from infer.cli.options import fail, with_settings
+from infer.cli.options import fail, takes_options, with_settings
 from infer.cli.runtime import open_engine
 from infer.cli.terminal import Interrupted, StatusLine, run_request, write_stdout
-from infer.engine.runtime.engine import Engine
+from infer.engine import Engine
 from infer.profiles.settings import Settings
 
 EXIT_WORDS = frozenset({"/exit", "/quit", "/bye"})
@@ -109,11 +109,11 @@ def chat_session(
 
 
 @with_settings
+@takes_options
 def chat(
     settings: Settings,
-    system: SystemOption = None,
-    stop: StopOption = None,
-    verbose: VerboseOption = False,
+    *,
+    options: ChatOptions,
 ) -> None:
     """Chat with the model at the terminal (line editing, history, /clear, /exit)."""
-    chat_session(settings, system=system, stop=stop, verbose=verbose)
+    chat_session(settings, system=options.system, stop=options.stop, verbose=options.verbose)

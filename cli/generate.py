@@ -16,24 +16,18 @@ import typer
 
 from infer.cli.generation import (
     PANEL_IO,
-    FileOption,
-    IgnoreEosOption,
-    ParseSpecialOption,
     PromptArgument,
-    PromptOption,
-    StopOption,
-    SystemOption,
-    VerboseOption,
+    PromptOptions,
     gather_prompt,
     prompt_request,
     result_json,
     stats_line,
     with_system,
 )
-from infer.cli.options import fail, with_settings
+from infer.cli.options import fail, takes_options, with_settings
 from infer.cli.runtime import open_engine
 from infer.cli.terminal import EXIT_INTERRUPTED, Interrupted, StatusLine, run_request, write_stdout
-from infer.engine.runtime.events import DoneEvent
+from infer.engine import DoneEvent
 from infer.profiles.settings import Settings
 
 
@@ -74,12 +68,12 @@ def _check_interactive(chat: bool | None, stream: bool | None, ignore_eos: bool,
 
 
 @with_settings
+@takes_options
 def generate(
     settings: Settings,
     prompt: PromptArgument = None,
-    prompt_option: PromptOption = None,
-    file: FileOption = None,
-    system: SystemOption = None,
+    *,
+    options: PromptOptions,
     chat: Annotated[
         Optional[bool],
         typer.Option(
@@ -97,9 +91,6 @@ def generate(
             rich_help_panel=PANEL_IO,
         ),
     ] = None,
-    stop: StopOption = None,
-    ignore_eos: IgnoreEosOption = False,
-    parse_special: ParseSpecialOption = True,
     as_json: Annotated[
         bool,
         typer.Option(
@@ -120,35 +111,34 @@ def generate(
             "-i", "--interactive", help="Chat at the terminal (as `infer chat`).", rich_help_panel=PANEL_IO
         ),
     ] = False,
-    verbose: VerboseOption = False,
 ) -> None:
     """Generate a completion for PROMPT and print it (streamed on a terminal)."""
-    has_input = any(v is not None for v in (prompt, prompt_option, file, messages))
+    has_input = any(v is not None for v in (prompt, options.prompt_option, options.file, messages))
     _check_combination(as_json, stream, interactive, has_input)
     if interactive:
         from infer.cli.chat import chat_session
 
-        _check_interactive(chat, stream, ignore_eos, parse_special)
-        chat_session(settings, system=system, stop=stop, verbose=verbose)
+        _check_interactive(chat, stream, options.ignore_eos, options.parse_special)
+        chat_session(settings, system=options.system, stop=options.stop, verbose=options.verbose)
         return
-    text = gather_prompt(prompt, prompt_option, file)
-    if messages is not None and (text is not None or system is not None):
+    text = gather_prompt(prompt, options.prompt_option, options.file)
+    if messages is not None and (text is not None or options.system is not None):
         fail("--messages holds the whole conversation: drop the prompt and --system")
-    chat_messages = _read_messages(messages) if messages else with_system(system, text, chat)
+    chat_messages = _read_messages(messages) if messages else with_system(options.system, text, chat)
     if text is None and chat_messages is None:
         fail("give a PROMPT, -p TEXT, -f FILE, '-' for standard input, or --messages FILE")
     streaming = stream if stream is not None else (sys.stdout.isatty() and not as_json)
     with StatusLine() as status:
-        engine = open_engine(settings, max_num_seqs=1, status=status, verbose=verbose)
+        engine = open_engine(settings, max_num_seqs=1, status=status, verbose=options.verbose)
         request = prompt_request(
             engine,
             settings,
             prompt=None if chat_messages else text,
             messages=chat_messages,
-            chat=True if system is not None else chat,
-            parse_special=parse_special,
-            stop=stop,
-            ignore_eos=ignore_eos,
+            chat=True if options.system is not None else chat,
+            parse_special=options.parse_special,
+            stop=options.stop,
+            ignore_eos=options.ignore_eos,
         )
         engine.start()
         interrupted = False
@@ -162,7 +152,7 @@ def generate(
         done,
         as_json=as_json,
         streamed=streaming,
-        verbose=verbose,
+        verbose=options.verbose,
         json_text=result_json(engine, request, done),
     )
     if interrupted:

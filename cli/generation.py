@@ -5,18 +5,14 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from infer.cli.options import fail
-from infer.engine.runtime.engine import Engine
-from infer.engine.runtime.events import DoneEvent
-from infer.engine.runtime.request import Request
-from infer.engine.speculative import summary
-from infer.engine.text.chat import ChatTemplateError
-from infer.engine.text.prompts import prompt_ids
+from infer.cli.options import fail, option
+from infer.engine import ChatTemplateError, DoneEvent, Engine, Request, prompt_ids, spec_summary
 from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
 
@@ -25,56 +21,56 @@ PANEL_IO = "Input & output"
 PromptArgument = Annotated[
     Optional[str], typer.Argument(metavar="PROMPT", help="Prompt text; '-' reads standard input.")
 ]
-StopOption = Annotated[
-    Optional[list[str]],
-    typer.Option("--stop", metavar="TEXT", help="Stop string (repeatable).", rich_help_panel=PANEL_IO),
-]
-IgnoreEosOption = Annotated[
-    bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence.", rich_help_panel=PANEL_IO)
-]
-ParseSpecialOption = Annotated[
-    bool,
-    typer.Option(
-        "--parse-special/--no-parse-special",
-        help="Parse special-token text such as <|im_start|> in a raw prompt.",
-        rich_help_panel=PANEL_IO,
-    ),
-]
 
 
-PromptOption = Annotated[
-    Optional[str],
-    typer.Option("-p", "--prompt", help="Prompt text (as the PROMPT argument).", rich_help_panel=PANEL_IO),
-]
-FileOption = Annotated[
-    Optional[Path],
-    typer.Option(
-        "-f",
-        "--file",
-        metavar="FILE",
-        help="Read the prompt from FILE ('-' = standard input).",
-        rich_help_panel=PANEL_IO,
-    ),
-]
-SystemOption = Annotated[
-    Optional[str],
-    typer.Option(
+@dataclass(frozen=True)
+class ChatOptions:
+    """What every command that chats takes: a system message, stop strings, how much to report."""
+
+    system: Optional[str] = option(
+        None,
         "--system",
         "--system-prompt",
         metavar="TEXT",
         help="System message (needs the chat template).",
         rich_help_panel=PANEL_IO,
-    ),
-]
-VerboseOption = Annotated[
-    bool,
-    typer.Option(
+    )
+    stop: Optional[list[str]] = option(
+        None, "--stop", metavar="TEXT", help="Stop string (repeatable).", rich_help_panel=PANEL_IO
+    )
+    verbose: bool = option(
+        False,
         "-v",
         "--verbose",
         help="Also print the load time and the stats line on stderr.",
         rich_help_panel=PANEL_IO,
-    ),
-]
+    )
+
+
+@dataclass(frozen=True)
+class PromptOptions(ChatOptions):
+    """What a one-shot command (generate, stream) takes besides the PROMPT argument."""
+
+    prompt_option: Optional[str] = option(
+        None, "-p", "--prompt", help="Prompt text (as the PROMPT argument).", rich_help_panel=PANEL_IO
+    )
+    file: Optional[Path] = option(
+        None,
+        "-f",
+        "--file",
+        metavar="FILE",
+        help="Read the prompt from FILE ('-' = standard input).",
+        rich_help_panel=PANEL_IO,
+    )
+    ignore_eos: bool = option(
+        False, "--ignore-eos", help="Keep generating past end-of-sequence.", rich_help_panel=PANEL_IO
+    )
+    parse_special: bool = option(
+        True,
+        "--parse-special/--no-parse-special",
+        help="Parse special-token text such as <|im_start|> in a raw prompt.",
+        rich_help_panel=PANEL_IO,
+    )
 
 
 def read_prompt(prompt: str | None) -> str | None:
@@ -148,7 +144,7 @@ def stats_line(done: DoneEvent) -> str:
         f"infer: {tokens} tokens, prompt {done.usage.prompt_tokens}, TTFT {done.timings.ttft_s:.2f} s, "
         f"{speed:.1f} tok/s decode, finish {done.finish_reason}, seed {done.seed}"
     )
-    spec = summary(done.counters)
+    spec = spec_summary(done.counters)
     if spec is not None:
         line += (
             f", drafts {spec['drafts']}, accepted {spec['accepted_tokens']}/{spec['draft_tokens']} "
@@ -184,7 +180,7 @@ def result_json(engine: Engine, request: Request, done: DoneEvent) -> str:
             "ttft_s": round(timings.ttft_s, 4),
             "prefill_tokens_per_s": round(timings.prefill_tokens_per_s(done.usage.prompt_tokens), 2),
             "decode_tokens_per_s": round(timings.decode_tokens_per_s(completion), 2),
-            "speculative": summary(done.counters),
+            "speculative": spec_summary(done.counters),
         },
         ensure_ascii=False,
     )

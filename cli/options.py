@@ -1,15 +1,18 @@
 """The shared command-line flags, defined once, and the one-line error exit every CLI module uses.
 
-`@with_settings` adds every setting's flag to a Typer command (grouped in `--help`), resolves them with
+`@with_settings` adds every setting's flag to a Typer command (grouped in `--help`; the spellings are
+the literal table `infer.profiles.flags.FLAGS`), hands what the user gave to `resolve_settings` with
 the environment and the profile, and calls the command with `settings: Settings`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
 import os
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn, Optional, get_args
@@ -18,7 +21,7 @@ import typer
 
 from infer.cli.env_check import unknown_variable_warnings
 from infer.cli.help import plain_text
-from infer.engine.sampling import SamplingParamsError
+from infer.engine import SamplingParamsError
 from infer.profiles.loader import ProfileError
 from infer.profiles.settings import SETTINGS, Settings, SettingsError, SettingSpec, resolve_settings
 
@@ -111,26 +114,40 @@ def _option_parameter(spec: SettingSpec) -> inspect.Parameter:
     )
 
 
-def shared_flags(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator: add every shared flag to a Typer command and call it with `flags`, a dict of only the
-    flags the user gave (setting name -> raw value). For commands that add to the flags before resolving
-    (`infer profiles show NAME`); most commands want `with_settings`."""
+def _add_flag_parameters(
+    command: Callable[..., Any], func: Callable[..., Any], hidden: str
+) -> Callable[..., Any]:
+    """`command` with `func`'s parameters (less `hidden`) plus one Typer option per setting, as
+    Typer reads them from the signature; a parameter named like a setting is a programming error."""
     signature = inspect.signature(func, eval_str=True)
-    own = [p for p in signature.parameters.values() if p.name != "flags"]
+    own = [p for p in signature.parameters.values() if p.name != hidden]
     clash = sorted({p.name for p in own} & set(SETTINGS))
     if clash:
         raise TypeError(f"{func.__name__}: parameter(s) {', '.join(clash)} clash with shared settings flags")
     shared = [_option_parameter(spec) for spec in SETTINGS.values()]
+    functools.update_wrapper(command, func)
+    command.__signature__ = signature.replace(parameters=[*own, *shared])  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in (*own, *shared)}
+    del command.__wrapped__  # type: ignore[attr-defined]  # Typer must see the new signature
+    return command
 
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        flags = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
-        return func(*args, flags={k: v for k, v in flags.items() if v is not None}, **kwargs)
 
-    wrapper.__signature__ = signature.replace(parameters=[*own, *shared])  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in (*own, *shared)}
-    del wrapper.__wrapped__  # Typer must see the new signature, not the wrapped one
-    return wrapper
+def _given_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take the settings' flags out of a command's keyword arguments: those the user gave."""
+    flags = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
+    return {name: value for name, value in flags.items() if value is not None}
+
+
+def shared_flags(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: add every shared flag to a Typer command and call it with `flags`, a dict of only the
+    flags the user gave (setting name -> raw value). For commands that add to the flags before resolving
+    (`infer profiles show NAME`, `infer gate`, `infer bench`); most commands want `with_settings`."""
+
+    def command(*args: Any, **kwargs: Any) -> Any:
+        flags = _given_flags(kwargs)
+        return func(*args, flags=flags, **kwargs)
+
+    return _add_flag_parameters(command, func, "flags")
 
 
 def resolve_or_fail(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Settings:
@@ -142,25 +159,59 @@ def resolve_or_fail(flags: Mapping[str, Any], *, env: Mapping[str, str] | None =
 
 def with_settings(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator for a Typer command taking `settings: Settings`: adds every shared flag (grouped in
-    `--help`: Model & profile, Engine, Sampling, Speculative decoding), resolves flag > env > profile >
-    default, and calls `func(settings=..., **its own params)`. A bad setting (or a `SamplingParamsError`
-    raised by the command) exits 2 with one line `infer: error: ...` on stderr, no traceback."""
-    signature = inspect.signature(func, eval_str=True)
-    if "settings" not in signature.parameters:
+    `--help`: Model & profile, Engine, Sampling, Speculative decoding), hands the raw values the user
+    gave to `resolve_settings` (flag > env > profile > default), and calls `func(settings=..., **its own
+    params)`. A bad setting (or a `SamplingParamsError` raised by the command) exits 2 with one line
+    `infer: error: ...` on stderr, no traceback."""
+    if "settings" not in inspect.signature(func).parameters:
         raise TypeError(f"{func.__name__}: a @with_settings command needs a `settings` parameter")
 
-    @functools.wraps(func)
-    def inner(*args: Any, flags: dict[str, Any], **kwargs: Any) -> Any:
+    def command(*args: Any, **kwargs: Any) -> Any:
+        flags = _given_flags(kwargs)
         for line in unknown_variable_warnings(os.environ):
             typer.echo(line, err=True)
-        settings = resolve_or_fail(flags)
         with settings_errors():
-            return func(*args, settings=settings, **kwargs)
+            return func(*args, settings=resolve_settings(flags), **kwargs)
 
-    own = [p for p in signature.parameters.values() if p.name != "settings"]
-    inner.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[*own, inspect.Parameter("flags", inspect.Parameter.KEYWORD_ONLY)]
-    )
-    inner.__annotations__ = {p.name: p.annotation for p in own}
-    del inner.__wrapped__
-    return shared_flags(inner)
+    return _add_flag_parameters(command, func, "settings")
+
+
+def option(default: Any, *decls: str, **typer_kwargs: Any) -> Any:
+    """A field of a command's options dataclass: its default, and the Typer option that sets it
+    (`decls` its spellings; `help`, `min`, ... as `typer.Option` takes them). See `takes_options`."""
+    return dataclasses.field(default=default, metadata={"typer": (decls, typer_kwargs)})
+
+
+def takes_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator for a Typer command `func(..., options: SomeOptions, ...)`: each field of the options
+    dataclass (made with `option(...)`) becomes the command-line option its metadata describes, and
+    `func` is called with one `SomeOptions` built from them, so the command body, and a test, take
+    the options as one validated value instead of a long signature."""
+    signature = inspect.signature(func, eval_str=True)
+    options_type = signature.parameters["options"].annotation
+    hints = typing.get_type_hints(options_type)
+    fields = dataclasses.fields(options_type)
+    parameters = []
+    for spec in fields:
+        decls, typer_kwargs = spec.metadata["typer"]
+        default = typer.Option(spec.default, *decls, **typer_kwargs)
+        parameters.append(
+            inspect.Parameter(
+                spec.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hints[spec.name]
+            )
+        )
+    names = list(signature.parameters)
+    at = names.index("options")  # the options take its place: --help lists them there
+    leading = [signature.parameters[name] for name in names[:at]]
+    trailing = [signature.parameters[name] for name in names[at + 1 :]]
+
+    def command(*args: Any, **kwargs: Any) -> Any:
+        values = {spec.name: kwargs.pop(spec.name) for spec in fields}
+        return func(*args, options=options_type(**values), **kwargs)
+
+    functools.update_wrapper(command, func)
+    everything = [*leading, *parameters, *trailing]
+    command.__signature__ = signature.replace(parameters=everything)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in everything}
+    del command.__wrapped__  # type: ignore[attr-defined]
+    return command

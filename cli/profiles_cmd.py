@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Optional
 
 import typer
@@ -13,7 +12,7 @@ from rich.text import Text
 
 from infer.cli.help import PanelCommand
 from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags
-from infer.engine.backends.probe import dtype_note
+from infer.engine import BackendOptions, dtype_note, threads_note
 from infer.profiles.backend_choice import choose_backend, fallback_notice
 from infer.profiles.loader import ProfileError, display_path, load_profile, shipped_profiles
 from infer.profiles.schema import ProfileFile
@@ -106,33 +105,24 @@ def show_profile(
         )
     Console().print(Text(backend_line))
     Console().print(Text(f"sampling: {sampled_where}"))
-    if choice.selected == "cpu":
-        Console().print(Text(threads_line(settings)))
+    threads = threads_note(
+        BackendOptions(choice.selected, choice.dtype, settings.cpu_kernels, settings.threads)
+    )
+    if threads is not None:
+        Console().print(Text(threads))
 
 
 def sampling_place(backend: str, settings: Settings) -> str:
     """Where this profile's requests are sampled: the host for the cpu backend; on a device backend,
     the device when the sampler settings are inside its envelope (a model's vocabulary larger than
     the device's candidate pool assumed), else the host."""
-    from infer.engine.backends import BACKEND_CLASSES
-    from infer.engine.sampling.envelope import POOL_LIMIT, in_envelope
+    from infer.engine import BACKEND_CLASSES, DEVICE_POOL_LIMIT, in_device_envelope
 
     if not BACKEND_CLASSES[backend].capabilities.sampling.on_device:
         return "host (the logits are on the host already)"
-    if in_envelope(settings.sampling, 2 * POOL_LIMIT + 1):
+    if in_device_envelope(settings.sampling, 2 * DEVICE_POOL_LIMIT + 1):
         return "device (the sampler settings are inside the envelope; greedy or constrained requests: host)"
     return "host (the sampler settings are outside the device envelope: greedy, penalties, logprobs, ...)"
-
-
-def threads_line(settings: Settings) -> str:
-    """How many threads the cpu backend's matmuls would run on: a count the user fixed, or (threads 0
-    with the kernels) every core while they are free, fewer while other processes keep some busy."""
-    cores = os.cpu_count() or 1
-    if settings.threads:
-        return f"threads: {settings.threads} (fixed)"
-    if settings.cpu_kernels == "blas":
-        return f"threads: {cores} (all cores)"
-    return f"threads: up to {cores}, one fewer per core other processes keep busy (-t N fixes it)"
 
 
 def _settings_table(settings: Settings) -> Table:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +20,6 @@ from rich.progress import (
     TimeElapsedColumn,
     TransferSpeedColumn,
 )
-from threadpoolctl import threadpool_limits
 
 from infer.cli.hub import HubError, HubRef, hub_download, is_hub_name
 from infer.cli.model_store import (
@@ -36,9 +34,16 @@ from infer.cli.model_store import (
 )
 from infer.cli.options import fail
 from infer.cli.terminal import StatusLine
-from infer.engine.loader import ModelLoadError
-from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
-from infer.engine.runtime.request import FaultHook
+from infer.engine import (
+    BackendOptions,
+    Engine,
+    EngineConfig,
+    FaultHook,
+    ModelLoadError,
+    load_engine,
+    prepare_process,
+    watch_compiles,
+)
 from infer.profiles.backend_choice import choose_backend, fallback_notice
 from infer.profiles.constraints import grammar_from_settings
 from infer.profiles.schema import memory_bytes
@@ -128,43 +133,6 @@ def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) ->
     )
 
 
-def kernel_threads(threads: int) -> None:
-    """Run the numba kernels called from this thread on `threads` threads (numba's count is per
-    calling thread, so the engine's step thread calls this too, through `EngineConfig.thread_setup`)."""
-    import numba
-
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-
-
-def idle_threads_sleep() -> None:
-    """Let the kernels' OpenMP threads spin only briefly at a barrier, then sleep, unless the user
-    chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
-
-    Endless spinning waits for a partner the OS has not scheduled: with other processes on the cores,
-    decode fell to 1-3 tok/s (scripts/bench_contention.py). Sleeping at once (PASSIVE) costs a futex
-    wake per parallel region: decode fell from ~185 to ~63 tok/s on an idle 2-core machine, and libgomp
-    uses that short "throttled" spin anyway whenever its threads outnumber the cores (the engine's
-    step thread beside the main thread's pool). ACTIVE with a bounded count (20,000 spins, some tens
-    of microseconds: longer than the gap between two kernels of one step, far shorter than a time
-    slice) keeps both: 200 tok/s idle, from the main or a background thread. Must run before the
-    kernels' first parallel call."""
-    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
-        return
-    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
-    os.environ["GOMP_SPINCOUNT"] = "20000"
-
-
-def use_kernel_cache() -> None:
-    """Point numba's compiled-kernel cache at `$INFER_HOME/numba` when the package folder is read-only
-    (a system or wheel install), so kernels compile once per machine, not once per run. Must run before
-    the kernels are imported; a NUMBA_CACHE_DIR the user set wins."""
-    import infer.engine.backends as backends
-
-    package = Path(backends.__file__).parent
-    if "NUMBA_CACHE_DIR" not in os.environ and not os.access(package, os.W_OK):
-        os.environ["NUMBA_CACHE_DIR"] = str(infer_home() / "numba")
-
-
 def open_engine(
     settings: Settings,
     *,
@@ -185,43 +153,29 @@ def open_engine(
     except SettingsError as exc:
         fail(str(exc))
     choice = choose_backend(settings)
-    thread_setup: Callable[[], None] | None = None
-    adaptive = False
     notice = fallback_notice(choice)
     if notice:
         print(notice, file=sys.stderr, flush=True)
-    if settings.cpu_kernels != "blas" and choice.selected == "cpu":
-        use_kernel_cache()
-        idle_threads_sleep()
-        # The numba kernels run the matmuls on `threads` threads; BLAS (long prefill attention only)
-        # keeps one, since two spinning thread pools on the same cores slow each other down 2x.
-        threadpool_limits(limits=1, user_api="blas")
-        if settings.threads:
-            thread_setup = functools.partial(kernel_threads, settings.threads)
-            thread_setup()  # for steps run in this thread
-        adaptive = not settings.threads  # threads 0: the engine follows the load, step by step
-    elif settings.threads:
-        threadpool_limits(limits=settings.threads, user_api="blas")
+    backend = BackendOptions(choice.selected, choice.dtype, settings.cpu_kernels, settings.threads)
+    prepare_process(backend, infer_home())
     path = resolve_model_path(settings.model)
     draft = resolve_model_path(settings.spec_draft_model) if settings.spec_method == "draft_model" else None
     config = engine_config(settings)
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
-    # numba keeps its thread count per thread: the engine's step thread must set it too.
-    config = replace(config, thread_setup=thread_setup, adaptive_threads=adaptive)
     _keep_stdout_clean()
     name = path.stem if path.suffix == ".gguf" else path.name
-    kernels = settings.cpu_kernels != "blas" and choice.selected == "cpu"
-    with StatusLine() as own_status, _compile_notice(kernels):
+    with StatusLine() as own_status, _compile_notice(backend):
         shown = status if status is not None else own_status
         shown.show(f"loading {name}…")
         try:
             engine = load_engine(
                 path,
                 config,
-                choice.selected,
-                choice.dtype,
-                cpu_kernels=settings.cpu_kernels,
+                backend.name,
+                backend.dtype,
+                cpu_kernels=backend.kernels,
+                threads=backend.threads,
                 draft_model=draft,
             )
         except ModelLoadError as exc:  # DraftModelError too: a draft model with another tokenizer
@@ -241,19 +195,15 @@ def open_engine(
 
 
 @contextmanager
-def _compile_notice(kernels: bool) -> Iterator[None]:
-    """When loading compiles CPU kernels (the first run on a machine, or after an upgrade), say so
-    on stderr before the wait and give its length after; runs that load them from numba's cache
-    say nothing."""
-    if not kernels:
-        yield
-        return
-    from infer.engine.backends.cpu_kernels.compile_watch import watch_compiles
+def _compile_notice(backend: BackendOptions) -> Iterator[None]:
+    """When loading compiles the backend's kernels (the cpu backend's, on the first run on a machine
+    or after an upgrade), say so on stderr before the wait and give its length after; runs that load
+    them from a cache say nothing."""
 
     def starting() -> None:
         print("infer: compiling CPU kernels, once (later runs load them from a cache)...", file=sys.stderr)
 
-    with watch_compiles(on_first=starting) as report:
+    with watch_compiles(backend, on_first=starting) as report:
         yield
     if report.kernels:
         print(f"infer: compiling CPU kernels, once: {report.seconds:.1f} s", file=sys.stderr, flush=True)

@@ -15,32 +15,26 @@ import typer
 
 from infer.cli.generation import (
     PANEL_IO,
-    FileOption,
-    IgnoreEosOption,
-    ParseSpecialOption,
     PromptArgument,
-    PromptOption,
-    StopOption,
-    SystemOption,
-    VerboseOption,
+    PromptOptions,
     gather_prompt,
     prompt_request,
     stats_line,
     with_system,
 )
-from infer.cli.options import fail, with_settings
+from infer.cli.options import fail, takes_options, with_settings
 from infer.cli.runtime import open_engine
 from infer.cli.terminal import EXIT_INTERRUPTED, Interrupted, StatusLine, run_request, write_stdout
 from infer.profiles.settings import Settings
 
 
 @with_settings
+@takes_options
 def stream(
     settings: Settings,
     prompt: PromptArgument = None,
-    prompt_option: PromptOption = None,
-    file: FileOption = None,
-    system: SystemOption = None,
+    *,
+    options: PromptOptions,
     chat: Annotated[
         Optional[bool],
         typer.Option(
@@ -50,25 +44,21 @@ def stream(
             rich_help_panel=PANEL_IO,
         ),
     ] = None,
-    stop: StopOption = None,
-    ignore_eos: IgnoreEosOption = False,
-    parse_special: ParseSpecialOption = True,
-    verbose: VerboseOption = False,
 ) -> None:
     """Stream a completion for PROMPT to stdout as it is generated (stats on stderr)."""
-    text = gather_prompt(prompt, prompt_option, file)
+    text = gather_prompt(prompt, options.prompt_option, options.file)
     if text is None and not chat:
         fail("give a PROMPT ('-' for standard input, -p TEXT, -f FILE), or --chat for an interactive chat")
     if text is None:
         from infer.cli.chat import chat_session
 
-        if ignore_eos or not parse_special:
+        if options.ignore_eos or not options.parse_special:
             fail("the chat loop does not take --ignore-eos or --no-parse-special")
-        chat_session(settings, system=system, stop=stop, verbose=verbose)
+        chat_session(settings, system=options.system, stop=options.stop, verbose=options.verbose)
         return
-    messages = with_system(system, text, chat)
+    messages = with_system(options.system, text, chat)
     with StatusLine() as status:
-        engine = open_engine(settings, max_num_seqs=1, status=status, verbose=verbose)
+        engine = open_engine(settings, max_num_seqs=1, status=status, verbose=options.verbose)
         engine.start()
         try:
             request = prompt_request(
@@ -77,9 +67,9 @@ def stream(
                 prompt=None if messages else text,
                 messages=messages,
                 chat=True if messages else chat,
-                parse_special=parse_special,
-                stop=stop,
-                ignore_eos=ignore_eos,
+                parse_special=options.parse_special,
+                stop=options.stop,
+                ignore_eos=options.ignore_eos,
             )
             try:
                 done = run_request(engine, request, write_stdout, status)

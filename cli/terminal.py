@@ -17,9 +17,7 @@ from rich.console import Console
 from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextColumn
 from rich.text import Text
 
-from infer.engine.runtime.engine import Engine
-from infer.engine.runtime.events import DoneEvent, TokenEvent
-from infer.engine.runtime.request import Request
+from infer.engine import DoneEvent, Engine, Request, TokenEvent
 
 EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C, as a shell reports SIGINT (128 + 2)."""

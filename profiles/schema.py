@@ -23,13 +23,12 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from infer.engine.backends import BACKEND_NAMES
-from infer.engine.backends.cpu import KERNEL_MODES
+from infer.engine.backends import BACKEND_NAMES, kernel_modes
 from infer.engine.sampling import SamplingParams
 
 Backend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # derived from the one backend registry
 DType = Literal["float32", "float16", "bfloat16"]
-CpuKernels = Literal[KERNEL_MODES]  # type: ignore[valid-type]
+CpuKernels = Literal[kernel_modes("cpu")]  # type: ignore[valid-type]  # the cpu backend's capabilities
 SpeculativeMethod = Literal["none", "prompt_lookup", "draft_model"]
 
 

@@ -6,8 +6,11 @@ Order, highest first: command-line flag > environment variable `INFER_<NAME>` > 
 Speculative settings are the profile's `speculative.<key>` with the flat name `spec_<key>`
 (`--spec-method`, `INFER_SPEC_METHOD`).
 
-Types, defaults and descriptions come from `infer.profiles.schema`; sampler ranges (and normalisation) from
-`SamplingParams`, which `resolve_settings` builds eagerly.
+Types, defaults and descriptions come from `infer.profiles.schema`, flag spellings from
+`infer.profiles.flags`. This layer finds each value and its source and parses nothing it does not
+own: a sampler setting's text goes as it is to `SamplingParams.parse`, which parses, normalises and
+range-checks it once (eagerly, when the settings are resolved); the engine, invocation and
+speculative settings are parsed by their profile schema field (`coerce_value`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from infer.engine.sampling import SamplingParams, SamplingParamsError
+from infer.profiles.flags import FLAGS
 from infer.profiles.loader import (
     DEFAULT_PROFILE,
     LoadedProfile,
@@ -96,26 +100,12 @@ class SettingSpec:
         return type(None) in get_args(self.annotation)
 
 
-# llama.cpp spellings and short flags; every other setting's flag is `--<name with dashes>`.
-_EXTRA_FLAGS: dict[str, tuple[str, ...]] = {
-    "threads": ("--threads", "-t"),
-    "ctx_size": ("--ctx-size", "-c"),
-    "batch_size": ("--batch-size", "-b"),
-    "n_predict": ("--n-predict", "-n"),
-    "model": ("--model", "-m"),
-    "temperature": ("--temp", "--temperature"),
-    "typical_p": ("--typical", "--typical-p"),
-    "mirostat_tau": ("--mirostat-ent", "--mirostat-tau"),
-    "mirostat_eta": ("--mirostat-lr", "--mirostat-eta"),
-    "spec_draft_model": ("--spec-draft-model", "--draft-model", "--model-draft", "-md"),
-    "spec_num_tokens": ("--spec-num-tokens", "--draft-max"),
-    "spec_draft_min": ("--spec-draft-min", "--draft-min"),
-    "spec_p_min": ("--spec-p-min", "--draft-p-min"),
-}
-
-
 def _flags_for(name: str) -> tuple[str, ...]:
-    return _EXTRA_FLAGS.get(name, ("--" + name.replace("_", "-"),))
+    """The setting's spellings from the literal table (a setting without a line is a programming error)."""
+    try:
+        return FLAGS[name]
+    except KeyError:
+        raise RuntimeError(f"setting {name} has no line in infer.profiles.flags.FLAGS") from None
 
 
 def _spec_from_field(name: str, section: Section, key: str, info: FieldInfo) -> SettingSpec:
@@ -141,7 +131,7 @@ def _build_specs() -> dict[str, SettingSpec]:
             annotation=str,
             default=DEFAULT_PROFILE,
             description="Hardware profile: a shipped name (cpu, cuda, metal, ...) or a path to a YAML file.",
-            flags=("--profile",),
+            flags=_flags_for("profile"),
         ),
         SettingSpec(
             name="strict_backend",
@@ -150,7 +140,7 @@ def _build_specs() -> dict[str, SettingSpec]:
             annotation=bool,
             default=False,
             description="Fail (exit 2) instead of falling back to cpu when the backend is unavailable.",
-            flags=("--strict-backend",),
+            flags=_flags_for("strict_backend"),
         ),
     ]
     for name, info in ProfileFile.model_fields.items():
@@ -161,6 +151,9 @@ def _build_specs() -> dict[str, SettingSpec]:
         specs.append(_spec_from_field(name, "sampler", f"sampler.{name}", info))
     for name, info in SpeculativeSection.model_fields.items():
         specs.append(_spec_from_field(f"spec_{name}", "speculative", f"speculative.{name}", info))
+    stray = sorted(set(FLAGS) - {spec.name for spec in specs})
+    if stray:
+        raise RuntimeError(f"infer.profiles.flags.FLAGS names no setting: {', '.join(stray)}")
     return {spec.name: spec for spec in specs}
 
 
@@ -205,8 +198,14 @@ class Settings:
     """The sampler settings as `SamplingParams`, built once when the settings were resolved."""
 
     def value(self, name: str) -> Any:
-        """The resolved value of a setting, by flat name (`spec_method`) or key (`speculative.method`)."""
-        return self._entries[_canonical_name(name)].value
+        """The resolved value of a setting, by flat name (`spec_method`) or key (`speculative.method`):
+        a sampler setting's is `sampling`'s (parsed and normalised there: `seed: -1` -> None, ...)."""
+        return self._resolved(_canonical_name(name))
+
+    def _resolved(self, name: str) -> Any:
+        if name in _SAMPLER_NAMES:
+            return getattr(self.sampling, name)
+        return self._entries[name].value
 
     def source(self, name: str) -> Provenance:
         """Where a setting's value came from."""
@@ -215,12 +214,12 @@ class Settings:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name not in SETTINGS:
             raise AttributeError(name)
-        return self._entries[name].value
+        return self._resolved(name)
 
     def section(self, section: Section) -> dict[str, Any]:
         """The values of one section by their profile keys (`speculative` -> {"method": ..., ...})."""
         return {
-            (spec.key or spec.name).split(".")[-1]: _plain(self._entries[spec.name].value)
+            (spec.key or spec.name).split(".")[-1]: _plain(self._resolved(spec.name))
             for spec in SETTINGS.values()
             if spec.section == section
         }
@@ -229,17 +228,17 @@ class Settings:
         """`SamplingParams` from the sampler settings, with per-request overrides (e.g. `logit_bias`).
 
         Without overrides this is `sampling`, built at resolution; with them, one new `SamplingParams`
-        from the resolved values (tuples stay tuples) with the overrides on top. Raises
-        `SamplingParamsError` (with `.parameter` and `.value`) for an out-of-range override.
+        from the values the settings found with the overrides on top. Raises `SamplingParamsError`
+        (with `.parameter` and `.value`) for an out-of-range override.
         """
         if not overrides:
             return self.sampling
-        return SamplingParams(**{**_sampler_values(self._entries), **overrides})
+        return SamplingParams.parse({**_sampler_values(self._entries), **overrides})
 
     def rows(self) -> list[tuple[str, str, Any, Provenance]]:
         """(section, name, value, provenance) for every setting, in display order."""
         return [
-            (spec.section, spec.name, self._entries[spec.name].value, self._entries[spec.name].source)
+            (spec.section, spec.name, self._resolved(spec.name), self._entries[spec.name].source)
             for spec in SETTINGS.values()
         ]
 
@@ -302,6 +301,11 @@ def coerce_value(spec: SettingSpec, raw: Any, origin: str) -> Any:
         error["loc"] = (spec.key or spec.name,)
         error["input"] = raw
         raise SettingsError(f"{origin}: {describe_validation_error(error)}") from None
+
+
+def _as_found(spec: SettingSpec, raw: Any, origin: str) -> Any:
+    """A value handed on unparsed (its owner parses it)."""
+    return raw
 
 
 def _accepts_text_as_is(spec: SettingSpec) -> bool:
@@ -379,23 +383,20 @@ _SAMPLER_NAMES: tuple[str, ...] = tuple(spec.name for spec in SETTINGS.values() 
 
 
 def _sampler_values(entries: Mapping[str, _Entry]) -> dict[str, Any]:
-    """The sampler settings' values by name, as stored (lists as tuples: `SamplingParams` takes both)."""
+    """The sampler settings' values by name, as found (text from a flag or env var, lists as tuples)."""
     return {name: entries[name].value for name in _SAMPLER_NAMES}
 
 
-def _check_sampler(entries: dict[str, _Entry]) -> SamplingParams:
-    """Build `SamplingParams` once, so an out-of-range sampler value fails now (naming its source), store
-    its normalised values (`samplers` stage names, `seed: -1` -> None, ...) with their sources, and
-    return it: it is the settings' sampler, used by every request that has no per-request fields."""
+def _check_sampler(entries: Mapping[str, _Entry]) -> SamplingParams:
+    """Build `SamplingParams` once from the values found, so a bad sampler value fails now (naming its
+    source); it is the settings' sampler, used by every request that has no per-request fields, and
+    the resolved value of every sampler setting."""
     try:
-        params = SamplingParams(**_sampler_values(entries))
+        return SamplingParams.parse(_sampler_values(entries))
     except SamplingParamsError as exc:
         parameter = exc.parameter
         origin = str(entries[parameter].source) if parameter in entries else "sampler"
         raise SettingsError(f"{origin}: sampler.{parameter}: {exc}") from None
-    for name in _SAMPLER_NAMES:
-        entries[name] = _Entry(getattr(params, name), entries[name].source)
-    return params
 
 
 def _env_value(env: Mapping[str, str], spec: SettingSpec) -> str | None:
@@ -420,12 +421,14 @@ def resolve_settings(flags: Mapping[str, Any], *, env: Mapping[str, str] | None 
     entries: dict[str, _Entry] = {}
 
     def from_flag_or_env(spec: SettingSpec) -> _Entry | None:
+        # a sampler value goes as found to SamplingParams.parse (_check_sampler); the rest is parsed here
+        parse = _as_found if spec.section == "sampler" else coerce_value
         if spec.name in given:
-            return _Entry(coerce_value(spec, given[spec.name], spec.flag), Provenance("flag", spec.flag))
+            return _Entry(parse(spec, given[spec.name], spec.flag), Provenance("flag", spec.flag))
         text = _env_value(env, spec)
         if text is not None:
             origin = f"env {spec.env}"
-            return _Entry(coerce_value(spec, text, origin), Provenance("env", origin))
+            return _Entry(parse(spec, text, origin), Provenance("env", origin))
         return None
 
     profile_spec = SETTINGS["profile"]

@@ -27,7 +27,7 @@ CPU_EXACT = "cpu-exact"
 @pytest.fixture(params=[*RUNNABLE, CPU_EXACT])
 def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == CPU_EXACT:
-        return create_backend("cpu", cpu_kernels="exact")
+        return create_backend("cpu", kernels="exact")
     return create_backend(request.param)
 
 

@@ -162,7 +162,7 @@ def test_kernel_threads_spin_briefly_unless_the_user_chose(monkeypatch: pytest.M
     """A bounded spin (ACTIVE with GOMP_SPINCOUNT) by default; a policy the user set is left alone."""
     import os
 
-    from infer.cli.runtime import idle_threads_sleep
+    from infer.engine.backends.cpu_setup import idle_threads_sleep
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -17,6 +18,8 @@ from infer.cli.options import (
     PANEL_SAMPLING,
     PANEL_SPECULATIVE,
     fail,
+    option,
+    takes_options,
     with_settings,
 )
 from infer.cli.profiles_cmd import profiles_app
@@ -159,8 +162,8 @@ def test_help_groups_every_shared_flag_with_its_description() -> None:
 @pytest.mark.parametrize(
     "args, env, parts",
     [
-        (["gen", "hi"], {"INFER_TOP_K": "abc"}, ["INFER_TOP_K", "valid integer"]),
-        (["gen", "hi", "--top-k", "abc"], {}, ["--top-k", "valid integer"]),
+        (["gen", "hi"], {"INFER_TOP_K": "abc"}, ["INFER_TOP_K", "must be an integer"]),
+        (["gen", "hi", "--top-k", "abc"], {}, ["--top-k", "must be an integer"]),
         (["gen", "hi", "--threads", "-3"], {}, ["--threads", "threads", "greater than or equal to 0"]),
         (["gen", "hi", "--backend", "tpu"], {}, ["--backend", "'cpu', 'cuda' or 'metal'"]),
         (["gen", "hi", "--top-p", "2"], {}, ["--top-p", "sampler.top_p", "(0, 1]"]),
@@ -245,3 +248,52 @@ def test_profiles_show_default_and_conflict() -> None:
     assert json.loads(result.stdout)["profile_name"] == "metal"
     conflict = invoke(["profiles", "show", "cuda", "--profile", "metal"])
     assert_one_line_error(conflict, "cuda", "metal")
+
+
+# --- a command's own options as one dataclass --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LoudOptions:
+    """A command's own options (module level: the decorator resolves the annotation by name)."""
+
+    times: int = option(1, "--times", min=1, help="How often.")
+    shout: bool = option(False, "--shout", help="Upper case.")
+
+
+def test_a_command_takes_its_own_options_as_one_dataclass() -> None:
+    seen: list[tuple[str, LoudOptions, Settings]] = []
+    app = typer.Typer()
+
+    @app.command()
+    @with_settings
+    @takes_options
+    def loud(word: str, settings: Settings, options: LoudOptions) -> None:
+        """Records what it got."""
+        seen.append((word, options, settings))
+
+    @app.command()
+    def other() -> None:
+        """A second command, so the first keeps its name."""
+
+    result = CliRunner().invoke(app, ["loud", "hey", "--times", "3", "--shout", "--temp", "0.5"])
+    assert result.exit_code == 0, result.output
+    ((word, options, settings),) = seen
+    assert (word, options) == ("hey", LoudOptions(times=3, shout=True))
+    assert settings.temperature == 0.5
+    refused = CliRunner().invoke(app, ["loud", "hey", "--times", "0"])
+    assert refused.exit_code == 2 and "--times" in refused.output
+
+
+def test_bench_gate_and_serve_take_their_options_as_dataclasses() -> None:
+    import dataclasses
+
+    from infer.cli.bench.options import BenchOptions
+    from infer.cli.gate.options import GateOptions
+    from infer.cli.serve.app import AppOptions
+    from infer.cli.serve.options import ServeOptions
+
+    for options_type in (BenchOptions, GateOptions, ServeOptions, AppOptions):
+        assert dataclasses.is_dataclass(options_type)
+    assert len(dataclasses.fields(BenchOptions)) == 22  # bench's 23 parameters were these and `flags`
+    assert BenchOptions().repetitions == 3 and GateOptions().tie_margin == 1e-3

@@ -143,24 +143,30 @@ def test_a_fixed_thread_count_disables_the_adaptation(tiny_gguf: Path) -> None:
     from infer.cli.runtime import open_engine
 
     fixed = open_engine(resolve_or_fail({"threads": "1", "model": str(tiny_gguf)}, env={}))
-    assert fixed.kernel_threads is None and not fixed.config.adaptive_threads
+    assert fixed.backend.step_threads.adaptive is None and fixed.backend.step_threads.fixed == 1
     adaptive = open_engine(resolve_or_fail({"model": str(tiny_gguf)}, env={}))
-    assert adaptive.kernel_threads is not None
+    assert adaptive.backend.step_threads.adaptive is not None
     cpus = usable_cpus()
     cores = numba.config.NUMBA_NUM_THREADS if cpus is None else min(len(cpus), numba.config.NUMBA_NUM_THREADS)
-    assert adaptive.kernel_threads.controller.cores == cores
+    assert adaptive.backend.step_threads.adaptive.controller.cores == cores
     blas = open_engine(resolve_or_fail({"model": str(tiny_gguf), "cpu_kernels": "blas"}, env={}))
-    assert blas.kernel_threads is None  # the count applies to the numba kernels only
+    assert blas.backend.step_threads.adaptive is None  # the count applies to the numba kernels only
+    assert blas.backend.step_threads.fixed is None
+
+
+def test_a_library_built_backend_leaves_the_count_alone(tiny_gguf: Path) -> None:
+    """threads None (the default outside the CLI): neither fixed nor adapted."""
+    model, _ = _load(tiny_gguf, "exact", threads=None)
+    assert model.backend.step_threads.adaptive is None and model.backend.step_threads.fixed is None
 
 
 def test_the_step_thread_runs_on_the_count_the_controller_chose(tiny_gguf: Path) -> None:
     """numba keeps its count per thread: the background step thread gets the controller's count."""
-    engine = Engine(
-        *_load(tiny_gguf, "exact"), EngineConfig(ctx_size=64, max_num_seqs=1, adaptive_threads=True)
-    )
-    assert engine.kernel_threads is not None
-    engine.kernel_threads.controller.current = 1
-    engine.kernel_threads.read = lambda: None  # no load estimate may raise it back
+    engine = Engine(*_load(tiny_gguf, "exact", threads=0), EngineConfig(ctx_size=64, max_num_seqs=1))
+    adaptive = engine.backend.step_threads.adaptive
+    assert adaptive is not None
+    adaptive.controller.current = 1
+    adaptive.read = lambda: None  # no load estimate may raise it back
     seen: list[int] = []
     ran = threading.Event()
     forward = engine.model.forward
@@ -182,9 +188,9 @@ def test_the_step_thread_runs_on_the_count_the_controller_chose(tiny_gguf: Path)
     assert ran.is_set() and set(seen) == {1}
 
 
-def _load(path: Path, mode: str) -> tuple[object, object]:
+def _load(path: Path, mode: str, threads: int | None = None) -> tuple[object, object]:
     checkpoint = load_checkpoint(path)
-    return build_model(checkpoint, CpuBackend(kernels=mode)), checkpoint.tokenizer
+    return build_model(checkpoint, CpuBackend(kernels=mode, threads=threads)), checkpoint.tokenizer
 
 
 def _logits(model, threads: int, prompt: list[int], steps: int) -> list[np.ndarray]:
@@ -228,11 +234,21 @@ def test_tokens_do_not_change_when_the_count_changes_every_step(tiny_gguf: Path)
         pytest.skip("one core: nothing to flip")
     request = Request((5, 6, 7, 8), SamplingParams(temperature=0.9, seed=11), max_tokens=12, ignore_eos=True)
     steady = Engine(*_load(tiny_gguf, "exact"), EngineConfig(ctx_size=64, max_num_seqs=1)).generate(request)
-    flipping = Engine(
-        *_load(tiny_gguf, "exact"), EngineConfig(ctx_size=64, max_num_seqs=1, adaptive_threads=True)
-    )
-    assert flipping.kernel_threads is not None
+    flipping = Engine(*_load(tiny_gguf, "exact", threads=0), EngineConfig(ctx_size=64, max_num_seqs=1))
+    adaptive = flipping.backend.step_threads.adaptive
+    assert adaptive is not None
     counts = iter([1, 2] * 20)
-    flipping.kernel_threads.read = lambda: None
-    flipping.kernel_threads.apply = lambda _count: numba.set_num_threads(next(counts))
+    adaptive.read = lambda: None
+    adaptive.apply = lambda _count: numba.set_num_threads(next(counts))
     assert flipping.generate(request).done.token_ids == steady.done.token_ids
+
+
+def test_the_backend_says_how_many_threads_its_matmuls_run_on() -> None:
+    """`infer profiles show`'s threads line comes from the backend, not from the CLI."""
+    from infer.engine import BackendOptions, threads_note
+
+    cores = os.cpu_count() or 1
+    assert threads_note(BackendOptions("cpu", kernels="exact", threads=3)) == "threads: 3 (fixed)"
+    assert threads_note(BackendOptions("cpu", kernels="blas", threads=0)) == f"threads: {cores} (all cores)"
+    assert "one fewer per core" in threads_note(BackendOptions("cpu", kernels="exact", threads=0))
+    assert threads_note(BackendOptions("cuda", threads=0)) is None  # its matmuls are not on the host

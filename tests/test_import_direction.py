@@ -1,5 +1,8 @@
 """The import direction of DESIGN.md: cli -> profiles -> engine, and inside the engine
-runtime -> models -> backends, with no arrow back and no cycle between engine modules.
+runtime -> models -> backends, with no arrow back and no cycle between engine modules. Two doors
+besides: `cli/` reaches the engine only through its front door (`infer.engine`, engine/__init__.py),
+and only `engine/backends/` itself imports a cpu backend module (cpu.py, cpu_kernels/, cpu_threads.py,
+...): everything else asks the backend interface.
 
 Every import counts, at module level, under TYPE_CHECKING or inside a function: a lazy import that
 points the wrong way is the same design problem as an eager one.
@@ -34,6 +37,20 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("infer.engine.speculative", ("infer.engine.runtime",), ()),
 )
 """Who may not import what."""
+
+FRONT_DOORS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    # (importer prefix, the only modules it may import exactly, the only packages it may import within)
+    ("infer.cli", ("infer.engine",), ("infer.cli", "infer.profiles")),
+)
+"""Who may import only what."""
+
+CPU_BACKEND_PREFIX = "infer.engine.backends.cpu"
+"""Modules of the cpu backend: infer.engine.backends.cpu, .cpu_kernels.*, .cpu_threads, .cpu_setup, ..."""
+
+
+def is_cpu_backend_module(module: str) -> bool:
+    """Whether `module` belongs to the cpu backend (its name under backends starts with `cpu`)."""
+    return module.startswith(CPU_BACKEND_PREFIX)
 
 
 def module_name(path: Path) -> str:
@@ -103,6 +120,22 @@ def direction_violations(graph: Mapping[str, set[str]]) -> list[str]:
     return sorted(set(found))
 
 
+def front_door_violations(graph: Mapping[str, set[str]]) -> list[str]:
+    """'importer -> imported' for every import that FRONT_DOORS or the cpu backend's privacy rules out."""
+    found: list[str] = []
+    for importer, imported in sorted(graph.items()):
+        for prefix, exact, within in FRONT_DOORS:
+            if _within(importer, prefix):
+                found += [
+                    f"{importer} -> {target}"
+                    for target in imported
+                    if target not in exact and not any(_within(target, w) for w in within)
+                ]
+        if not _within(importer, "infer.engine.backends"):
+            found += [f"{importer} -> {target}" for target in imported if is_cpu_backend_module(target)]
+    return sorted(set(found))
+
+
 def cycles(graph: Mapping[str, set[str]], prefix: str) -> list[list[str]]:
     """Strongly connected components of more than one module (or a self-import) under `prefix`."""
     nodes = sorted(n for n in graph if _within(n, prefix))
@@ -143,12 +176,42 @@ def cycles(graph: Mapping[str, set[str]], prefix: str) -> list[list[str]]:
 def test_every_source_module_is_seen() -> None:
     graph = import_graph()
     assert "infer.engine.runtime.engine" in graph
-    assert "infer.engine.runtime.engine" in graph["infer.cli.runtime"]
+    assert "infer.engine" in graph["infer.cli.runtime"]
     assert "infer.profiles.settings" in graph["infer.cli.options"]
 
 
 def test_imports_point_one_way() -> None:
     assert direction_violations(import_graph()) == []
+
+
+def test_cli_enters_the_engine_by_its_front_door_and_only_backends_see_the_cpu_backend() -> None:
+    assert front_door_violations(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"infer.cli.x": {"infer.engine", "infer.profiles.settings", "infer.cli.y"}}, []),
+        ({"infer.cli.x": {"infer.engine.runtime.engine"}}, ["infer.cli.x -> infer.engine.runtime.engine"]),
+        ({"infer.cli.x": {"infer.engine.backends"}}, ["infer.cli.x -> infer.engine.backends"]),
+        (
+            {"infer.profiles.y": {"infer.engine.backends.cpu"}},
+            ["infer.profiles.y -> infer.engine.backends.cpu"],
+        ),
+        (
+            {"infer.engine.runtime.engine": {"infer.engine.backends.cpu_threads"}},
+            ["infer.engine.runtime.engine -> infer.engine.backends.cpu_threads"],
+        ),
+        (
+            {"infer.engine.models.llama": {"infer.engine.backends.cpu_kernels.compile_watch"}},
+            ["infer.engine.models.llama -> infer.engine.backends.cpu_kernels.compile_watch"],
+        ),
+        ({"infer.engine.backends.cpu": {"infer.engine.backends.cpu_setup"}}, []),
+        ({"infer.profiles.schema": {"infer.engine.backends"}}, []),
+    ],
+)
+def test_the_front_door_check_catches_a_side_door(graph: dict[str, set[str]], expected: list[str]) -> None:
+    assert front_door_violations(graph) == expected
 
 
 def test_no_import_cycle_between_engine_modules() -> None:

@@ -123,7 +123,7 @@ def _metal_engine(path: Path, *, device_sampling: bool):
 
     engine = load_engine(path, EngineConfig(ctx_size=256, max_num_seqs=8), "metal", "float32")
     if not device_sampling:
-        engine._device_xp = None  # every row copied to the host and drawn there, as the cpu does
+        engine.executor.device_xp = None  # every row copied to the host and drawn there, as the cpu does
     return engine
 
 

@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from infer.cli.serve.app import create_app
+from infer.cli.serve.app import AppOptions, create_app
 from infer.cli.serve.sse import dumps, json_safe
 from infer.engine.runtime.engine import Engine, EngineConfig, load_engine
 from infer.engine.runtime.request import Request
@@ -68,7 +68,7 @@ def engine(default_model_path: Path, faults: Faults) -> Engine:
 
 @pytest.fixture(scope="module")
 def served(engine: Engine, settings: Settings) -> Iterator[tuple[str, Any]]:
-    app = create_app(engine, settings, model_id="test-model", aliases=("m",))
+    app = create_app(engine, settings, AppOptions("test-model", aliases=("m",)))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -183,7 +183,7 @@ def test_whole_response_disconnect_frees_the_slot(url: str, engine: Engine) -> N
 def test_api_key_guards_every_route_but_health(engine: Engine, settings: Settings) -> None:
     # No `with`: the lifespan (which would start a second engine loop) does not run; these routes
     # do not need it.
-    client = TestClient(create_app(engine, settings, model_id="m", api_key="sesame"))
+    client = TestClient(create_app(engine, settings, AppOptions("m", api_key="sesame")))
     assert client.get("/health").status_code == 200
     denied = client.get("/v1/models")
     assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
@@ -217,7 +217,7 @@ def test_shutdown_refuses_new_requests_and_cancels_after_grace(
 @pytest.mark.real_model
 def test_a_model_it_does_not_serve_is_404_and_aliases_are_served(engine: Engine, settings: Settings) -> None:
     """As OpenAI and vLLM: a request naming another model is not answered by this one."""
-    client = TestClient(create_app(engine, settings, model_id="smol", aliases=("gpt-4o-mini",)))
+    client = TestClient(create_app(engine, settings, AppOptions("smol", aliases=("gpt-4o-mini",))))
     assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["smol", "gpt-4o-mini"]
     assert client.get("/v1/models/gpt-4o-mini").status_code == 200
     routes = (
@@ -241,7 +241,7 @@ def test_a_full_queue_is_shed_with_503_and_retry_after(default_model_path: Path,
     queue), /health shows the queue and the KV slots, and the queued request still completes."""
     engine = load_engine(default_model_path, EngineConfig(ctx_size=256, max_num_seqs=1, max_queue=1))
     try:
-        client = TestClient(create_app(engine, settings, model_id="m"))  # no lifespan: nothing steps
+        client = TestClient(create_app(engine, settings, AppOptions("m")))  # no lifespan: nothing steps
         queued = engine.submit(Request(prompt_ids=(1, 2, 3), max_tokens=2))
         health = client.get("/health").json()
         assert (health["waiting_sequences"], health["max_queue"]) == (1, 1)
@@ -263,7 +263,7 @@ def test_metrics_count_requests_tokens_and_statuses(default_model_path: Path, se
     from prometheus_client.parser import text_string_to_metric_families
 
     engine = load_engine(default_model_path, EngineConfig(ctx_size=256, max_num_seqs=2))
-    with TestClient(create_app(engine, settings, model_id="m")) as client:  # its own engine loop
+    with TestClient(create_app(engine, settings, AppOptions("m"))) as client:  # its own engine loop
 
         def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             response = client.get("/metrics")

@@ -117,7 +117,7 @@ def test_shipped_profile_values_come_from_the_right_file() -> None:
 @pytest.mark.parametrize(
     "variable, text, expected",
     [
-        ("INFER_TOP_K", "abc", ["INFER_TOP_K", "sampler.top_k", "valid integer", "'abc'"]),
+        ("INFER_TOP_K", "abc", ["INFER_TOP_K", "sampler.top_k", "must be an integer", "'abc'"]),
         ("INFER_TOP_K", "4.5", ["INFER_TOP_K", "sampler.top_k"]),
         ("INFER_TEMPERATURE", "hot", ["INFER_TEMPERATURE", "sampler.temperature", "number"]),
         ("INFER_THREADS", "-1", ["INFER_THREADS", "threads", "greater than or equal to 0"]),
@@ -125,7 +125,7 @@ def test_shipped_profile_values_come_from_the_right_file() -> None:
         ("INFER_STRICT_BACKEND", "maybe", ["INFER_STRICT_BACKEND", "strict_backend", "boolean"]),
         ("INFER_PROFILE", "nope", ["INFER_PROFILE", "'nope'", "not found"]),
         ("INFER_DRY_SEQUENCE_BREAKERS", "[1, 2", ["INFER_DRY_SEQUENCE_BREAKERS", "JSON array"]),
-        ("INFER_DRY_SEQUENCE_BREAKERS", "[1, 2]", ["INFER_DRY_SEQUENCE_BREAKERS", "valid string"]),
+        ("INFER_DRY_SEQUENCE_BREAKERS", "[1, 2]", ["INFER_DRY_SEQUENCE_BREAKERS", "non-empty strings"]),
         ("INFER_SAMPLERS", "top_k;bogus", ["INFER_SAMPLERS", "sampler.samplers", "unknown stage 'bogus'"]),
         ("INFER_SEED", "-5", ["INFER_SEED", "sampler.seed", "2**64"]),
         ("INFER_TOP_P", "1.5", ["INFER_TOP_P", "sampler.top_p", "(0, 1]"]),
@@ -141,10 +141,15 @@ def test_env_value_that_does_not_parse_names_the_variable(variable, text, expect
 
 
 def test_flag_text_that_does_not_parse_names_the_flag() -> None:
-    with pytest.raises(SettingsError, match=r"^--top-k: sampler\.top_k must be a valid integer"):
+    # sampler values are parsed by SamplingParams, once; the others by their profile schema field
+    with pytest.raises(SettingsError, match=r"^flag --top-k: sampler\.top_k: top_k must be an integer"):
         resolve_settings({"top_k": "many"}, env={})
-    with pytest.raises(SettingsError, match=r"^--temp: "):
+    with pytest.raises(
+        SettingsError, match=r"^flag --temp: sampler\.temperature: temperature must be a number"
+    ):
         resolve_settings({"temperature": "warm"}, env={})
+    with pytest.raises(SettingsError, match=r"^--threads: threads "):
+        resolve_settings({"threads": "many"}, env={})
 
 
 def test_env_and_flag_text_parsing() -> None:
@@ -349,3 +354,49 @@ def test_choose_backend_from_settings(monkeypatch) -> None:
     strict = resolve_settings({"profile": "cuda", "strict_backend": True}, env={})
     with pytest.raises(SettingsError, match="strict-backend"):
         choose_backend(strict)
+
+
+# --- one road for a setting ------------------------------------------------------------------
+
+
+def test_every_flag_is_one_literal_line_of_the_flag_table() -> None:
+    """`grep -- --temp profiles/flags.py` finds the flag: each setting's spellings are one literal line."""
+    from infer.profiles.flags import FLAGS
+
+    assert list(FLAGS) == list(SETTINGS)
+    spellings = [flag for flags in FLAGS.values() for flag in flags]
+    assert len(spellings) == len(set(spellings)), "a spelling names two settings"
+    table = (Path(__file__).resolve().parents[1] / "profiles" / "flags.py").read_text()
+    for name, flags in FLAGS.items():
+        assert SETTINGS[name].flags == flags
+        line = f'"{name}": ({", ".join(repr(f).replace(chr(39), chr(34)) for f in flags)}'
+        assert line in table, line
+
+
+def test_a_sampler_flag_is_parsed_once_by_sampling_params(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--temp 0.25` goes as text to SamplingParams.parse (not through the schema's coercion), and the
+    resolved value is the normalised one SamplingParams holds."""
+    import infer.profiles.settings as settings_module
+    from infer.engine.sampling import SamplingParams
+
+    coerced: list[str] = []
+    real = settings_module.coerce_value
+    monkeypatch.setattr(
+        settings_module,
+        "coerce_value",
+        lambda spec, raw, origin: coerced.append(spec.name) or real(spec, raw, origin),
+    )
+    parsed: list[dict] = []
+    real_parse = SamplingParams.parse.__func__
+
+    def parse(cls, values):  # type: ignore[no-untyped-def]
+        parsed.append(dict(values))
+        return real_parse(cls, values)
+
+    monkeypatch.setattr(SamplingParams, "parse", classmethod(parse))
+    settings = resolve_settings({"temperature": "0.25", "seed": "-1", "threads": "2"}, env={})
+    assert "temperature" not in coerced and "seed" not in coerced and "threads" in coerced
+    assert len(parsed) == 1 and parsed[0]["temperature"] == "0.25"
+    assert settings.temperature == 0.25 and settings.sampling.temperature == 0.25
+    assert settings.seed is None, "seed -1 normalises to None, read from SamplingParams"
+    assert settings.source("temperature") == Provenance("flag", "--temp")

@@ -170,7 +170,7 @@ def test_advance_emits_one_event_per_token_in_order(idle_engine: Engine) -> None
     first = seq.generated[0]
     seq.draft_ids = [9, 9]
 
-    engine.advance(seq, accepted(a, b, c))
+    engine.updater.advance(seq, accepted(a, b, c))
 
     assert seq.generated == [first, a, b, c]
     assert seq.num_computed_tokens == len(request.prompt_ids) + 3 == seq.num_tokens - 1
@@ -207,7 +207,7 @@ def test_a_stop_inside_a_multi_token_advance_ends_the_request_there(
     first = seq.generated[0]
     third = {"eos": eos, "stop_string": x, "max_tokens": b}[stopper]
 
-    engine.advance(seq, accepted(a, third, b, a))
+    engine.updater.advance(seq, accepted(a, third, b, a))
 
     assert seq.is_finished and seq.slot is None
     assert seq.generated == [first, a, third], "the tokens after the stop are dropped"

@@ -21,15 +21,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
-import typer
 from rich.console import Console
 from rich.markup import escape
 
 from infer.cli.bench.dataset import DatasetError, DatasetItem, load_dataset, parse_slo
+from infer.cli.bench.options import BenchOptions
 from infer.cli.bench.stats import (
     BenchResult,
     Trace,
@@ -42,12 +43,10 @@ from infer.cli.bench.stats import (
     to_csv,
 )
 from infer.cli.fingerprint import environment_fingerprint
-from infer.cli.options import fail, resolve_or_fail, shared_flags
+from infer.cli.options import fail, resolve_or_fail, shared_flags, takes_options
 from infer.cli.runtime import STDERR, counting_progress, open_engine
-from infer.cli.server_client import API_KEY_ENV, api_key_from
-from infer.engine.runtime.engine import Engine
-from infer.engine.runtime.events import DoneEvent, Event, TokenEvent
-from infer.engine.runtime.request import Request, RequestError
+from infer.cli.server_client import api_key_from
+from infer.engine import DoneEvent, Engine, Event, Request, RequestError, TokenEvent
 from infer.profiles.backend_choice import choose_backend
 from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
@@ -299,230 +298,130 @@ def _emit(
     sys.stdout.flush()
 
 
-def _compute_threads(cpu_kernels: str) -> int | None:
-    """Threads the matmuls run on: numba's with the cpu kernels, BLAS's otherwise."""
-    if cpu_kernels != "blas":
-        import numba
-
-        return numba.get_num_threads()
+def _compute_threads(engine: Engine) -> int | None:
+    """Threads the matmuls run on: the backend's own kernels' (the cpu kernels'), BLAS's otherwise."""
+    backend = engine.backend
+    threads = backend.kernel_threads_now() if backend is not None else None  # type: ignore[attr-defined]
+    if threads is not None:
+        return int(threads)
     from infer.cli.fingerprint import blas_info
 
     info = blas_info()
     return info[0]["threads"] if info else None
 
 
-@shared_flags
-def bench(
-    n_prompt: Optional[list[str]] = typer.Option(
-        None, "-p", "--n-prompt", help="Prefill test sizes (comma list). Default 512 unless -pg/-n alone."
-    ),
-    prompt_gen: Optional[list[str]] = typer.Option(
-        None, "-pg", "--prompt-gen", help="Prompt+generation tests as P,N (repeatable)."
-    ),
-    repetitions: int = typer.Option(3, "-r", "--repetitions", min=1, help="Repetitions per test."),
-    depth: Optional[list[str]] = typer.Option(
-        None, "-d", "--depth", help="Fill the KV cache with this many tokens before pp/tg tests (comma list)."
-    ),
-    concurrency: Optional[str] = typer.Option(
-        None, "--concurrency", help="Concurrent decode sweep, e.g. 1,4,16 (aggregate t/s and latencies)."
-    ),
-    concurrency_prompt: int = typer.Option(
-        32, "--concurrency-prompt", min=1, help="Prompt tokens of each request in the concurrency sweep."
-    ),
-    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One uncounted warm-up run per test."),
-    json_output: bool = typer.Option(False, "--json", help="JSON on stdout (all else on stderr)."),
-    jsonl_output: bool = typer.Option(False, "--jsonl", help="One JSON object per test on stdout."),
-    csv_output: bool = typer.Option(False, "--csv", help="CSV on stdout."),
-    baseline: Optional[Path] = typer.Option(
-        None, "--baseline", help="A previous --json output: exit 1 when a figure regresses."
-    ),
-    tolerance: float = typer.Option(0.1, "--tolerance", help="Allowed regression vs --baseline (0.1 = 10%)."),
-    server: Optional[str] = typer.Option(
-        None, "--server", help="Benchmark an OpenAI-compatible server at this base URL instead."
-    ),
-    api: str = typer.Option(
-        "chat", "--api", help="With --server: chat (/v1/chat/completions) or completions."
-    ),
-    server_model: Optional[str] = typer.Option(
-        None,
-        "--server-model",
-        help="With --server: the model name to send (default: the first of /v1/models).",
-    ),
-    api_key: Optional[str] = typer.Option(
-        None, "--api-key", help=f"With --server: the API key (env {API_KEY_ENV}).", show_default=False
-    ),
-    dataset: Optional[Path] = typer.Option(
-        None,
-        "--dataset",
-        help="With --server: a serving run over this JSONL file of prompts or chats "
-        "(scripts/bench_prompts.jsonl); -n is each request's length, --concurrency the limits swept.",
-    ),
-    num_prompts: Optional[int] = typer.Option(
-        None, "--num-prompts", min=1, help="With --dataset: send this many requests (cycling the file)."
-    ),
-    request_rate: float = typer.Option(
-        float("inf"),
-        "--request-rate",
-        help="With --dataset: requests/s, Poisson arrivals (inf = all at once).",
-    ),
-    burstiness: float = typer.Option(
-        1.0,
-        "--burstiness",
-        help="With --dataset: gamma shape of the arrival gaps (1 = Poisson, <1 burstier).",
-    ),
-    max_concurrency: Optional[int] = typer.Option(
-        None, "--max-concurrency", min=1, help="With --dataset: at most this many requests in flight."
-    ),
-    slo: Optional[str] = typer.Option(
-        None, "--slo", help="With --dataset: goodput counts requests within ttft=MS,tpot=MS(,e2e=MS)."
-    ),
-    *,
-    flags: dict[str, Any],
-) -> None:
-    """Throughput runs: prefill and decode tokens/s, TTFT, inter-token latency, concurrency sweep."""
+@dataclass(frozen=True)
+class _Plan:
+    """The tests a bench run measures, from its options and the shared `-n`."""
+
+    tests: list[Any]
+    levels: list[int]
+    conc_gen: int
+    items: list[DatasetItem]
+    serve_levels: list[int | None]
+    max_ctx: int
+    fmt: str | None
+    slo_bounds: Any
+
+
+def _check_options(options: BenchOptions) -> None:
+    """Refuse options that do not go together (each one line, exit 2)."""
     serving_given = [
         name
         for name, given in (
-            ("--dataset", dataset is not None),
-            ("--num-prompts", num_prompts is not None),
-            ("--request-rate", request_rate != float("inf")),
-            ("--burstiness", burstiness != 1.0),
-            ("--max-concurrency", max_concurrency is not None),
-            ("--slo", slo is not None),
+            ("--dataset", options.dataset is not None),
+            ("--num-prompts", options.num_prompts is not None),
+            ("--request-rate", options.request_rate != float("inf")),
+            ("--burstiness", options.burstiness != 1.0),
+            ("--max-concurrency", options.max_concurrency is not None),
+            ("--slo", options.slo is not None),
         )
         if given
     ]
-    if server is None and (serving_given or api_key):
+    if options.server is None and (serving_given or options.api_key):
         fail(f"{', '.join(serving_given or ['--api-key'])} only applies with --server")
-    if dataset is None and serving_given:
+    if options.dataset is None and serving_given:
         fail(f"{', '.join(serving_given)} needs --dataset (a serving run over a prompt file)")
-    if not request_rate > 0:
-        fail(f"--request-rate must be > 0 (inf = all at once), got {request_rate}")
-    if not burstiness > 0:
-        fail(f"--burstiness must be > 0, got {burstiness}")
-    if max_concurrency is not None and concurrency is not None:
+    if not options.request_rate > 0:
+        fail(f"--request-rate must be > 0 (inf = all at once), got {options.request_rate}")
+    if not options.burstiness > 0:
+        fail(f"--burstiness must be > 0, got {options.burstiness}")
+    if options.max_concurrency is not None and options.concurrency is not None:
         fail("give --max-concurrency (one limit) or --concurrency (a sweep of limits), not both")
+    if not 0 <= options.tolerance < 1:
+        fail(f"--tolerance must be in [0, 1), got {options.tolerance}")
+    if options.api not in ("chat", "completions"):
+        fail(f"--api must be chat or completions, got {options.api!r}")
+
+
+def _plan(options: BenchOptions, n_predict: Any) -> _Plan:
+    """The tests, the concurrency levels and the output format the options ask for."""
+    _check_options(options)
     try:
-        slo_bounds = parse_slo(slo)
+        slo_bounds = parse_slo(options.slo)
     except DatasetError as exc:
         fail(str(exc))
     formats = [
-        name for name, on in (("json", json_output), ("jsonl", jsonl_output), ("csv", csv_output)) if on
+        name
+        for name, on in (
+            ("json", options.json_output),
+            ("jsonl", options.jsonl_output),
+            ("csv", options.csv_output),
+        )
+        if on
     ]
     if len(formats) > 1:
         fail(f"choose one of --json, --jsonl, --csv (got {', '.join('--' + f for f in formats)})")
-    fmt = formats[0] if formats else None
-    if not 0 <= tolerance < 1:
-        fail(f"--tolerance must be in [0, 1), got {tolerance}")
-    if api not in ("chat", "completions"):
-        fail(f"--api must be chat or completions, got {api!r}")
-    n_gens = parse_int_list(flags.pop("n_predict", None), "-n/--n-predict")
-    n_prompts = parse_int_list(n_prompt, "-p/--n-prompt")
-    pgs_flat = [parse_int_list(item, "-pg") for item in (prompt_gen or [])]
+    n_gens = parse_int_list(n_predict, "-n/--n-predict")
+    n_prompts = parse_int_list(options.n_prompt, "-p/--n-prompt")
+    pgs_flat = [parse_int_list(item, "-pg") for item in (options.prompt_gen or [])]
     if any(len(pair) != 2 or min(pair) < 1 for pair in pgs_flat):
         fail("-pg takes P,N with both >= 1, e.g. -pg 512,128")
     pgs = [(pair[0], pair[1]) for pair in pgs_flat]
-    depths = parse_int_list(depth, "-d/--depth") or [0]
-    levels = parse_int_list(concurrency, "--concurrency", minimum=1)
-    if not n_prompts and not n_gens and not pgs and not levels and dataset is None:
+    depths = parse_int_list(options.depth, "-d/--depth") or [0]
+    levels = parse_int_list(options.concurrency, "--concurrency", minimum=1)
+    if not n_prompts and not n_gens and not pgs and not levels and options.dataset is None:
         n_prompts, n_gens = [512], [128]
     conc_gen = n_gens[0] if n_gens else 128
     items: list[DatasetItem] = []
     serve_levels: list[int | None] = []
-    if dataset is not None:
+    if options.dataset is not None:
         try:
-            items = load_dataset(dataset, api=api)
+            items = load_dataset(options.dataset, api=options.api)
         except DatasetError as exc:
             fail(str(exc))
-        if num_prompts is not None:
-            items = [items[i % len(items)] for i in range(num_prompts)]
+        if options.num_prompts is not None:
+            items = [items[i % len(items)] for i in range(options.num_prompts)]
         # The serving run takes -n as each request's length and --concurrency as its limits.
-        serve_levels = list(levels) or [max_concurrency]
+        serve_levels = list(levels) or [options.max_concurrency]
         n_gens, levels = [], []
+    max_ctx = max([d + max([*n_prompts, *n_gens, 1]) for d in depths] + [p + n for p, n in pgs] + [1])
+    tests = plan_tests(n_prompts, n_gens, pgs, depths, levels)
+    return _Plan(
+        tests, levels, conc_gen, items, serve_levels, max_ctx, formats[0] if formats else None, slo_bounds
+    )
+
+
+@shared_flags
+@takes_options
+def bench(options: BenchOptions, *, flags: dict[str, Any]) -> None:
+    """Throughput runs: prefill and decode tokens/s, TTFT, inter-token latency, concurrency sweep."""
+    plan = _plan(options, flags.pop("n_predict", None))
     baseline_data = None
-    if baseline is not None:
+    if options.baseline is not None:
         try:
-            baseline_data = load_baseline(baseline)
+            baseline_data = load_baseline(options.baseline)
         except ValueError as exc:
             fail(str(exc))
     settings = resolve_or_fail(flags)
-    console = STDERR if fmt else Console()
-    tests = plan_tests(n_prompts, n_gens, pgs, depths, levels)
-
-    if server is not None:
-        from infer.cli.bench.server import ServerBench, ServerError
-
-        header_base: dict[str, Any] = {"server": server, "api": api}
-        steps = count_steps(tests, levels, repetitions, warmup)
-        steps += len(serve_levels) * (repetitions + (1 if warmup else 0))
-        try:
-            server_bench = ServerBench(server, api=api, model=server_model, api_key=api_key_from(api_key))
-            with _progress(steps) as advance:
-                results = server_bench.run(
-                    tests, levels, concurrency_prompt, conc_gen, repetitions, warmup, advance
-                )
-                if items:
-                    results += server_bench.serve(
-                        items,
-                        serve_levels,
-                        conc_gen,
-                        request_rate,
-                        burstiness,
-                        slo_bounds,
-                        repetitions,
-                        warmup,
-                        advance,
-                    )
-        except ServerError as exc:
-            fail(f"could not measure: {exc}")
-        identity = server_bench.identity.to_json()
-        header = {
-            **header_base,
-            "model": server_bench.model,
-            "backend": "server",
-            "threads": "-",
-            "fingerprint": environment_fingerprint(
-                backend="server", device=server, model=server_bench.model, server=identity
-            ),
-        }
+    console = STDERR if plan.fmt else Console()
+    if options.server is not None:
+        results, header = _bench_server(options, plan)
     else:
-        max_ctx = max([d + max([*n_prompts, *n_gens, 1]) for d in depths] + [p + n for p, n in pgs] + [1])
-        if settings.ctx_size and max_ctx + 2 > settings.ctx_size:
-            fail(
-                f"the longest test needs {max_ctx + 2} positions but ctx_size is {settings.ctx_size}; "
-                "raise -c"
-            )
-        engine = open_engine(settings, max_num_seqs=max([*levels, 1]))
-        seed = sampling_seed(settings)
-        runner = EngineBench(engine, settings, seed)
-        try:
-            with _progress(count_steps(tests, levels, repetitions, warmup)) as advance:
-                results = run_engine_tests(
-                    runner, tests, levels, concurrency_prompt, conc_gen, repetitions, warmup, advance
-                )
-        except RequestError as exc:
-            fail(str(exc))
-        choice = choose_backend(settings)
-        model_name = Path(settings.model).name if settings.model else "smollm2-135m-instruct"
-        header = {
-            "model": model_name,
-            "backend": choice.selected,
-            "threads": settings.threads or _compute_threads(settings.cpu_kernels) or 0,
-            "cpu_kernels": settings.cpu_kernels,
-            "load_seconds": round(engine.load_seconds, 3),
-            "profile": settings.profile_name,
-            "sampling": {"temperature": settings.sampling.temperature, "seed": seed},
-            "fingerprint": environment_fingerprint(
-                backend=choice.selected,
-                profile_name=settings.profile_name,
-                profile_path=settings.profile_path,
-                model=model_name,
-                cpu_kernels=settings.cpu_kernels,
-            ),
-        }
+        results, header = _bench_engine(options, plan, settings)
     records = [r.to_json() for r in results]
     errors = sum(r["errors"] for r in records)
-    _emit(records, header, fmt, console)
+    _emit(records, header, plan.fmt, console)
     if errors:
         console.print(f"[red]{errors} request(s) failed during the run[/]")
         for result in results:
@@ -533,16 +432,108 @@ def bench(
                 console.print(f"  {escape(result.test)}: ... and {len(failed) - ERRORS_SHOWN} more")
     regressed = False
     if baseline_data is not None:
-        comparisons, missing = compare_to_baseline(records, baseline_data, tolerance)
-        console.print(comparison_table(comparisons, tolerance))
+        comparisons, missing = compare_to_baseline(records, baseline_data, options.tolerance)
+        console.print(comparison_table(comparisons, options.tolerance))
         if missing:
             console.print(f"not in the baseline (not compared): {', '.join(missing)}")
         regressed = any(c.regressed for c in comparisons)
         if regressed:
-            console.print(f"[red]regression beyond {tolerance:.0%} against {baseline}[/]")
-    if errors and server is not None and not regressed:
+            console.print(f"[red]regression beyond {options.tolerance:.0%} against {options.baseline}[/]")
+    if errors and options.server is not None and not regressed:
         raise SystemExit(2)  # remote failures: could not measure, not a regression
     raise SystemExit(1 if regressed or errors else 0)
+
+
+def _bench_server(options: BenchOptions, plan: _Plan) -> tuple[list[BenchResult], dict[str, Any]]:
+    """The plan's tests (and the serving run over --dataset) against the server at --server."""
+    from infer.cli.bench.server import ServerBench, ServerError
+
+    assert options.server is not None
+    reps, warmup = options.repetitions, options.warmup
+    steps = count_steps(plan.tests, plan.levels, reps, warmup)
+    steps += len(plan.serve_levels) * (reps + (1 if warmup else 0))
+    try:
+        server_bench = ServerBench(
+            options.server, api=options.api, model=options.server_model, api_key=api_key_from(options.api_key)
+        )
+        with _progress(steps) as advance:
+            results = server_bench.run(
+                plan.tests, plan.levels, options.concurrency_prompt, plan.conc_gen, reps, warmup, advance
+            )
+            if plan.items:
+                results += server_bench.serve(
+                    plan.items,
+                    plan.serve_levels,
+                    plan.conc_gen,
+                    options.request_rate,
+                    options.burstiness,
+                    plan.slo_bounds,
+                    reps,
+                    warmup,
+                    advance,
+                )
+    except ServerError as exc:
+        fail(f"could not measure: {exc}")
+    identity = server_bench.identity.to_json()
+    header = {
+        "server": options.server,
+        "api": options.api,
+        "model": server_bench.model,
+        "backend": "server",
+        "threads": "-",
+        "fingerprint": environment_fingerprint(
+            backend="server", device=options.server, model=server_bench.model, server=identity
+        ),
+    }
+    return results, header
+
+
+def _bench_engine(
+    options: BenchOptions, plan: _Plan, settings: Settings
+) -> tuple[list[BenchResult], dict[str, Any]]:
+    """The plan's tests on a local engine under `settings`."""
+    if settings.ctx_size and plan.max_ctx + 2 > settings.ctx_size:
+        fail(
+            f"the longest test needs {plan.max_ctx + 2} positions but ctx_size is {settings.ctx_size}; "
+            "raise -c"
+        )
+    engine = open_engine(settings, max_num_seqs=max([*plan.levels, 1]))
+    seed = sampling_seed(settings)
+    runner = EngineBench(engine, settings, seed)
+    reps, warmup = options.repetitions, options.warmup
+    try:
+        with _progress(count_steps(plan.tests, plan.levels, reps, warmup)) as advance:
+            results = run_engine_tests(
+                runner,
+                plan.tests,
+                plan.levels,
+                options.concurrency_prompt,
+                plan.conc_gen,
+                reps,
+                warmup,
+                advance,
+            )
+    except RequestError as exc:
+        fail(str(exc))
+    choice = choose_backend(settings)
+    model_name = Path(settings.model).name if settings.model else "smollm2-135m-instruct"
+    header = {
+        "model": model_name,
+        "backend": choice.selected,
+        "threads": settings.threads or _compute_threads(engine) or 0,
+        "cpu_kernels": settings.cpu_kernels,
+        "load_seconds": round(engine.load_seconds, 3),
+        "profile": settings.profile_name,
+        "sampling": {"temperature": settings.sampling.temperature, "seed": seed},
+        "fingerprint": environment_fingerprint(
+            backend=choice.selected,
+            profile_name=settings.profile_name,
+            profile_path=settings.profile_path,
+            model=model_name,
+            cpu_kernels=settings.cpu_kernels,
+        ),
+    }
+    return results, header
 
 
 def sampling_seed(settings: Settings) -> int:

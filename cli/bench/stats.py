@@ -17,7 +17,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from infer.engine.speculative import merge, summary
+from infer.engine import merge_spec_counters, spec_summary
 
 
 @dataclass
@@ -176,8 +176,8 @@ class BenchResult:
         """Every request's speculation counters summed, as `summary` shows them (None without)."""
         totals: dict[str, int] = {}
         for trace in self.traces:
-            totals = merge(totals, trace.counters)
-        return summary(totals)
+            totals = merge_spec_counters(totals, trace.counters)
+        return spec_summary(totals)
 
 
 def serving_figures(traces: Sequence[Trace], duration: float, slo: Mapping[str, float]) -> dict[str, Any]:

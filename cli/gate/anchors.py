@@ -48,7 +48,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
 
-from infer.engine.sampling import SamplingParams, SamplingParamsError
+from infer.engine import SamplingParams, SamplingParamsError
 from infer.profiles.schema import SamplerSection
 
 SCHEMA_VERSION = 1

@@ -21,10 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from infer.cli.gate.anchors import Blessing, ResolvedAnchor, token_hash
-from infer.engine.runtime.engine import Engine
-from infer.engine.runtime.events import TokenEvent
-from infer.engine.runtime.request import Request, RequestError
-from infer.engine.text.prompts import prompt_ids
+from infer.engine import Engine, Request, RequestError, TokenEvent, prompt_ids
 from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 import typer
@@ -42,31 +42,31 @@ from infer.cli.gate.anchors import (
     write_document,
 )
 from infer.cli.gate.check import AnchorResult, AnchorRun, judge, relative_gap, run_anchor, write_junit
+from infer.cli.gate.options import GateOptions
 from infer.cli.gate.remote import IDS_TEXT_ONLY, RemoteRun, judge_remote, run_remote_anchor
-from infer.cli.options import fail, shared_flags
+from infer.cli.options import fail, shared_flags, takes_options
 from infer.cli.runtime import STDERR, counting_progress, open_engine, resolve_model_path
 from infer.cli.server_client import (
-    API_KEY_ENV,
     DEFAULT_TIMEOUT_S,
-    SERVER_ENV,
     RemoteError,
     api_key_from,
     auth_headers,
     base_url,
     discover,
 )
-from infer.engine.grammar import audit_tokens
-from infer.engine.loader import ModelLoadError, load_checkpoint
-from infer.engine.runtime.engine import Engine
-from infer.engine.sampling import SamplingParamsError
-from infer.engine.text.prompts import prompt_ids
-from infer.engine.text.tokenizer import Tokenizer
+from infer.engine import (
+    Engine,
+    ModelLoadError,
+    SamplingParamsError,
+    Tokenizer,
+    audit_tokens,
+    load_checkpoint,
+    prompt_ids,
+)
 from infer.profiles.backend_choice import choose_backend
 from infer.profiles.constraints import grammar_from_settings
 from infer.profiles.loader import ProfileError
 from infer.profiles.settings import SETTINGS, Settings, resolve_settings
-
-DEFAULT_TIE_MARGIN = 1e-3
 
 
 def _sampler_env_free(env: dict[str, str]) -> dict[str, str]:
@@ -236,65 +236,24 @@ def _report_fingerprint(
 
 
 @shared_flags
+@takes_options
 def gate(
     anchors_file: Path = typer.Argument(..., help="The anchors YAML file.", show_default=False),
-    bless: bool = typer.Option(False, "--bless", help="Write fresh expectations (and fingerprint) back."),
-    keep_tokens: bool = typer.Option(
-        False, "--keep-tokens", help="With --bless: also store token ids and per-step top-2 gaps."
-    ),
-    tie_margin: float = typer.Option(
-        DEFAULT_TIE_MARGIN,
-        "--tie-margin",
-        help="Near-tie: the top two probabilities differ by less than this fraction, (p1-p2)/p1.",
-    ),
-    allow_ties: bool = typer.Option(
-        False, "--allow-ties", help="A divergence that starts at a near-tie is a warning, not a failure."
-    ),
-    deterministic: bool = typer.Option(
-        False, "--deterministic", help="Pin BLAS threads to the profile's value (0 = all cores) for the run."
-    ),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
-    json_output: bool = typer.Option(
-        False, "--json", help="JSON results on stdout (everything else on stderr)."
-    ),
-    filters: Optional[list[str]] = typer.Option(
-        None, "--filter", help="Run only anchors whose name contains NAME (or matches a glob); repeatable."
-    ),
-    audit: bool = typer.Option(
-        False,
-        "--audit",
-        help="Replay every token of constrained anchors through a fresh matcher; fail on any token "
-        "the grammar did not allow.",
-    ),
-    server: Optional[str] = typer.Option(
-        None,
-        "--server",
-        envvar=SERVER_ENV,
-        help="Run the anchors on this OpenAI-compatible server (base URL) instead of a local engine; "
-        "--model then names the served model (default: the first of /v1/models).",
-    ),
-    api_key: Optional[str] = typer.Option(
-        None, "--api-key", help=f"With --server: the API key (env {API_KEY_ENV}).", show_default=False
-    ),
-    tokenizer: Optional[str] = typer.Option(
-        None,
-        "--tokenizer",
-        help="With --server: the model file whose tokenizer makes raw prompts into ids and retokenizes "
-        "text when the server returns no ids; 'none' for no local tokenizer. Default: the anchors' model.",
-    ),
-    timeout: float = typer.Option(
-        DEFAULT_TIMEOUT_S, "--timeout", help="With --server: seconds to wait for each answer."
-    ),
     *,
+    options: GateOptions,
     flags: dict[str, Any],
 ) -> None:
     """Run the anchors in a file and check their token hashes: exit 0 all match, 1 drift, 2 bad file
     (or, with --server, an anchor that could not be checked)."""
-    if not 0.0 < tie_margin < 1.0:
-        fail(f"--tie-margin must be in (0, 1), got {tie_margin}")
-    if server is None:
-        given = [name for name, value in (("--api-key", api_key), ("--tokenizer", tokenizer)) if value]
-        if given or timeout != DEFAULT_TIMEOUT_S:
+    if not 0.0 < options.tie_margin < 1.0:
+        fail(f"--tie-margin must be in (0, 1), got {options.tie_margin}")
+    if options.server is None:
+        given = [
+            name
+            for name, value in (("--api-key", options.api_key), ("--tokenizer", options.tokenizer))
+            if value
+        ]
+        if given or options.timeout != DEFAULT_TIMEOUT_S:
             fail(f"{', '.join(given or ['--timeout'])} only applies with --server")
     pinned = sorted(SETTINGS[name].flag for name in flags if SETTINGS[name].section == "sampler")
     if pinned or "n_predict" in flags:
@@ -307,41 +266,31 @@ def gate(
         loaded = load_anchors(anchors_file)
     except GateFileError as exc:
         fail(str(exc))
-    selected = loaded.select(filters or [])
+    selected = loaded.select(options.filters or [])
     if not selected:
-        fail(f"no anchor in {anchors_file} matches --filter {' '.join(filters or [])}")
-    if server is not None:
+        fail(f"no anchor in {anchors_file} matches --filter {' '.join(options.filters or [])}")
+    if options.server is not None:
         model_name = flags.pop("model", None)
-        if flags or deterministic or audit:
+        if flags or options.deterministic or options.audit:
             names = sorted(SETTINGS[name].flag for name in flags) + (
-                ["--deterministic"] if deterministic else []
+                ["--deterministic"] if options.deterministic else []
             )
-            names += ["--audit"] if audit else []
+            names += ["--audit"] if options.audit else []
             fail(f"{', '.join(names)}: no effect on a remote server, so not accepted with --server")
-        if timeout <= 0:
-            fail(f"--timeout must be > 0, got {timeout}")
-        options = ServerGateOptions(
-            url=server,
+        if options.timeout <= 0:
+            fail(f"--timeout must be > 0, got {options.timeout}")
+        target = ServerGateOptions(
+            url=options.server,
             model=model_name,
-            api_key=api_key_from(api_key),
-            tokenizer=tokenizer,
-            timeout=timeout,
+            api_key=api_key_from(options.api_key),
+            tokenizer=options.tokenizer,
+            timeout=options.timeout,
         )
-        _gate_server(
-            loaded,
-            selected,
-            options,
-            bless=bless,
-            keep_tokens=keep_tokens,
-            tie_margin=tie_margin,
-            allow_ties=allow_ties,
-            junit=junit,
-            json_output=json_output,
-        )
+        _gate_server(loaded, selected, target, options)
         return
     settings_by_anchor = {anchor.index: anchor_settings(loaded, anchor, flags) for anchor in selected}
 
-    console = STDERR if json_output else Console()
+    console = STDERR if options.json_output else Console()
     engines: dict[tuple[Any, ...], Engine] = {}
     runs: dict[int, AnchorRun] = {}
     results: list[AnchorResult] = []
@@ -355,39 +304,42 @@ def gate(
             if key not in engines:
                 progress.update(task, description=f"loading model for {anchor.name}")
                 engines[key] = open_engine(settings, max_num_seqs=1)
-            if deterministic:
+            if options.deterministic:
                 threadpool_limits(limits=settings.threads or os.cpu_count() or 1, user_api="blas")
             progress.update(task, description=f"anchor {anchor.name}")
             engine = engines[key]
             run = run_anchor(engine, anchor, settings)
             runs[anchor.index] = run
             result = judge(
-                anchor, run, tie_margin=tie_margin, decode=lambda ids, e=engine: e.tokenizer.decode(ids)
+                anchor,
+                run,
+                tie_margin=options.tie_margin,
+                decode=lambda ids, e=engine: e.tokenizer.decode(ids),
             )
-            if audit:
+            if options.audit:
                 audit_anchor(engine, settings, run, result)
             results.append(result)
             progress.advance(task)
     total_seconds = time.perf_counter() - started
     current = _fingerprint(settings_by_anchor[selected[0].index])
 
-    if bless:
+    if options.bless:
         good = {
             index: run.blessing()
             for index, run in runs.items()
             if run.error is None and run.finish_reason != "error"
         }
-        _bless(loaded, good, results, keep_tokens=keep_tokens, fingerprint=current, console=console)
+        _bless(loaded, good, results, keep_tokens=options.keep_tokens, fingerprint=current, console=console)
         return
     decoder = next(iter(engines.values())).tokenizer.decode
     _report(
         loaded,
         results,
         _Outcome(total_seconds, current, decoder),
-        tie_margin=tie_margin,
-        allow_ties=allow_ties,
-        junit=junit,
-        json_output=json_output,
+        tie_margin=options.tie_margin,
+        allow_ties=options.allow_ties,
+        junit=options.junit,
+        json_output=options.json_output,
         console=console,
     )
 
@@ -527,31 +479,22 @@ def _remote_prompt_ids(tokenizer: Tokenizer | None, anchor: ResolvedAnchor) -> l
 
 
 def _gate_server(
-    loaded: LoadedAnchors,
-    selected: list[ResolvedAnchor],
-    options: ServerGateOptions,
-    *,
-    bless: bool,
-    keep_tokens: bool,
-    tie_margin: float,
-    allow_ties: bool,
-    junit: Path | None,
-    json_output: bool,
+    loaded: LoadedAnchors, selected: list[ResolvedAnchor], target: ServerGateOptions, options: GateOptions
 ) -> None:
     """`infer gate --server`: each anchor through the server's completions routes, judged like a local
     run; remote failures are reported per anchor and exit 2 (could not check), never 1."""
-    console = STDERR if json_output else Console()
-    tokenizer = _local_tokenizer(options.tokenizer, selected)
+    console = STDERR if options.json_output else Console()
+    tokenizer = _local_tokenizer(target.tokenizer, selected)
     try:
-        base = base_url(options.url)
+        base = base_url(target.url)
     except RemoteError as exc:
         fail(str(exc))
-    headers = auth_headers(options.api_key)
+    headers = auth_headers(target.api_key)
     started = time.perf_counter()
     remote_runs: dict[int, RemoteRun] = {}
-    with httpx.Client(timeout=options.timeout, headers=headers) as client:
+    with httpx.Client(timeout=target.timeout, headers=headers) as client:
         try:
-            identity = discover(client, base, options.model)
+            identity = discover(client, base, target.model)
         except RemoteError as exc:
             fail(f"could not check: {exc}")
         progress = counting_progress()
@@ -569,13 +512,13 @@ def _gate_server(
         tokenizer.decode if tokenizer is not None else lambda ids: ",".join(map(str, ids))
     )
     results = [
-        judge_remote(anchor, remote_runs[anchor.index], tie_margin=tie_margin, decode=decode)
+        judge_remote(anchor, remote_runs[anchor.index], tie_margin=options.tie_margin, decode=decode)
         for anchor in selected
     ]
     fingerprint = environment_fingerprint(
         backend="server", device=identity.url, model=identity.model, server=identity.to_json()
     )
-    if bless:
+    if options.bless:
         good = {
             index: remote.blessing()
             for index, remote in remote_runs.items()
@@ -592,7 +535,7 @@ def _gate_server(
             loaded,
             good,
             failed,
-            keep_tokens=keep_tokens,
+            keep_tokens=options.keep_tokens,
             fingerprint=fingerprint,
             console=console,
             error_code=2,
@@ -608,10 +551,10 @@ def _gate_server(
             ids_methods={a.name: remote_runs[a.index].ids_method for a in selected},
             server=identity.to_json(),
         ),
-        tie_margin=tie_margin,
-        allow_ties=allow_ties,
-        junit=junit,
-        json_output=json_output,
+        tie_margin=options.tie_margin,
+        allow_ties=options.allow_ties,
+        junit=options.junit,
+        json_output=options.json_output,
         console=console,
     )
 

@@ -38,7 +38,7 @@ import httpx
 from infer.cli.gate.anchors import Blessing, ResolvedAnchor
 from infer.cli.gate.check import AnchorResult, AnchorRun, judge
 from infer.cli.server_client import RemoteError, server_message, transport_message
-from infer.engine.text.tokenizer import Tokenizer
+from infer.engine import Tokenizer
 
 IDS_FIELD = "token_ids"
 """Ids from the choice's `token_ids` (vLLM `return_token_ids`)."""

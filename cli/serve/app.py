@@ -1,7 +1,7 @@
 """The FastAPI app: routes, API-key check, body limits (cli/serve/limits.py), and the engine's lifetime.
 
-`create_app(engine, settings, ...)` is all a caller needs; `infer serve` (command.py) runs it under
-uvicorn, tests may run it in-process.
+`create_app(engine, settings, AppOptions(model_id, ...))` is all a caller needs; `infer serve`
+(command.py) runs it under uvicorn, tests may run it in-process.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import asyncio
 import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
@@ -23,7 +24,7 @@ from infer.cli.serve.errors import error_body, install_error_handlers
 from infer.cli.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, send_json
 from infer.cli.serve.metrics import CountStatuses, ServerMetrics
 from infer.cli.serve.openapi import install_openapi
-from infer.engine.runtime.engine import Engine
+from infer.engine import Engine
 from infer.profiles.settings import Settings
 
 OPEN_PATHS = frozenset({"/health"})
@@ -58,21 +59,27 @@ class _Gate:
         await self.app(scope, receive, send)
 
 
-def create_app(
-    engine: Engine,
-    settings: Settings,
-    *,
-    model_id: str,
-    aliases: tuple[str, ...] = (),
-    api_key: str | None = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> FastAPI:
+@dataclass(frozen=True)
+class AppOptions:
+    """What the app serves under which names, and what it admits."""
+
+    model_id: str
+    """The model's name in /v1/models and the name requests use."""
+    aliases: tuple[str, ...] = ()
+    """Other names requests may use; any other is 404 model_not_found."""
+    api_key: str | None = None
+    """Require `Authorization: Bearer KEY` on every route but /health (None: open)."""
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """Larger request bodies are refused (413), counted as they arrive (cli/serve/limits.py)."""
+
+
+def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastAPI:
     """The OpenAI-compatible app over `engine`.
 
     Starting the app (its lifespan) starts the engine's background step loop; stopping it refuses new
     requests, cancels what is still running and stops the loop.
     """
-    ctx = ServeContext(engine=engine, settings=settings, model_id=model_id, aliases=tuple(aliases))
+    ctx = ServeContext(engine=engine, settings=settings, model_id=options.model_id, aliases=options.aliases)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -157,7 +164,7 @@ def create_app(
         return model_card(model)
 
     install_openapi(app)
-    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
-    app.add_middleware(_Gate, api_key=api_key)  # outside the body limit: no key, no body read
+    app.add_middleware(BodyLimit, max_body_bytes=options.max_body_bytes)
+    app.add_middleware(_Gate, api_key=options.api_key)  # outside the body limit: no key, no body read
     app.add_middleware(CountStatuses, metrics=metrics)  # outermost: counts the gate's answers too
     return app

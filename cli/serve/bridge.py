@@ -16,10 +16,7 @@ from typing import TypeVar
 from fastapi import Request as HTTPRequest
 
 from infer.cli.serve.errors import SERVER_ERROR, APIError
-from infer.engine.runtime.engine import Engine
-from infer.engine.runtime.events import DoneEvent, Event
-from infer.engine.runtime.request import EngineBusy, Request
-from infer.engine.runtime.stream import RequestStream
+from infer.engine import DoneEvent, Engine, EngineBusy, Event, Request, RequestStream
 
 T = TypeVar("T")
 

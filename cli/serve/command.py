@@ -16,17 +16,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Optional
 
-import typer
 import uvicorn
 
 from infer.cli.hub import is_hub_name
 from infer.cli.model_store import DEFAULT_MODEL, KNOWN_MODELS
-from infer.cli.options import fail, with_settings
+from infer.cli.options import fail, takes_options, with_settings
 from infer.cli.runtime import open_engine
-from infer.cli.serve.app import create_app
-from infer.cli.serve.limits import DEFAULT_MAX_BODY_BYTES, HttpLimits
+from infer.cli.serve.app import AppOptions, create_app
+from infer.cli.serve.limits import HttpLimits
+from infer.cli.serve.options import ServeOptions
 from infer.profiles.settings import Settings
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -102,50 +101,23 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 @with_settings
-def serve(
-    settings: Settings,
-    host: str = typer.Option(
-        "127.0.0.1", "--host", help="Address to listen on (loopback by default; others need care)."
-    ),
-    port: int = typer.Option(8080, "--port", min=0, max=65535, help="TCP port; 0 = any free port."),
-    api_key: Optional[str] = typer.Option(
-        None,
-        "--api-key",
-        envvar="INFER_API_KEY",
-        help="Require `Authorization: Bearer KEY` on every route but /health (env INFER_API_KEY).",
-    ),
-    shutdown_grace: float = typer.Option(
-        30.0, "--shutdown-grace", min=0.0, help="Seconds in-flight requests may finish after SIGTERM."
-    ),
-    max_body_mb: float = typer.Option(
-        DEFAULT_MAX_BODY_BYTES / 2**20,
-        "--max-body-mb",
-        min=0.001,
-        help="Largest request body accepted (MiB).",
-    ),
-    alias: Optional[list[str]] = typer.Option(
-        None,
-        "--alias",
-        metavar="NAME",
-        help="Another model name requests may use (repeatable); any other name is 404 model_not_found.",
-    ),
-    log_level: str = typer.Option(
-        "warning", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."
-    ),
-) -> None:
+@takes_options
+def serve(settings: Settings, options: ServeOptions) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat, completions, responses, models)."""
-    if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
-        fail(f"--log-level must be one of critical, error, warning, info, debug (got {log_level!r})")
-    sock = _listen(host, port)
+    if options.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+        fail(f"--log-level must be one of critical, error, warning, info, debug (got {options.log_level!r})")
+    sock = _listen(options.host, options.port)
     engine = open_engine(settings)
     model_id = model_id_of(settings)
     app = create_app(
         engine,
         settings,
-        model_id=model_id,
-        aliases=tuple(alias or ()),
-        api_key=api_key or None,
-        max_body_bytes=int(max_body_mb * 2**20),
+        AppOptions(
+            model_id,
+            aliases=tuple(options.alias or ()),
+            api_key=options.api_key or None,
+            max_body_bytes=int(options.max_body_mb * 2**20),
+        ),
     )
     bridge = app.state.ctx.bridge
 
@@ -153,13 +125,13 @@ def serve(
         loop = getattr(app.state, "loop", None)
         bridge.admitting = False
         if loop is not None:
-            bridge.begin_shutdown(loop, shutdown_grace)
+            bridge.begin_shutdown(loop, options.shutdown_grace)
 
     config = uvicorn.Config(
         app,
-        log_level=log_level,
-        access_log=log_level in ("info", "debug", "trace"),
-        timeout_graceful_shutdown=int(shutdown_grace) + 5,  # backstop: the app cancels at `grace`
+        log_level=options.log_level,
+        access_log=options.log_level in ("info", "debug", "trace"),
+        timeout_graceful_shutdown=int(options.shutdown_grace) + 5,  # backstop: the app cancels at `grace`
         lifespan="on",
         # header deadline, connection cap, keep-alive and request-head bounds (see limits.py)
         **HttpLimits().uvicorn_options(),
@@ -170,12 +142,12 @@ def serve(
         in_flight=lambda: bridge.in_flight,
         loop_of=lambda: getattr(app.state, "loop", None),
         # the grace period, then a little for the cancelled streams to send their last event
-        drain_seconds=shutdown_grace + 2.0,
+        drain_seconds=options.shutdown_grace + 2.0,
     )
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    if host not in LOOPBACK_HOSTS and not api_key:
-        print(f"infer serve: warning: listening on {host} without --api-key", file=sys.stderr)
+    if options.host not in LOOPBACK_HOSTS and not options.api_key:
+        print(f"infer serve: warning: listening on {options.host} without --api-key", file=sys.stderr)
     print(
         f"infer serve: {model_id} (ctx {engine.config.ctx_size}, max {engine.config.max_num_seqs} sequences, "
         f"loaded in {engine.load_seconds:.1f} s) listening on http://{shown}:{bound_port}",

@@ -23,10 +23,7 @@ from infer.cli.serve.context import ServeContext, new_id
 from infer.cli.serve.errors import SERVER_ERROR, APIError, error_body
 from infer.cli.serve.schemas import ChatCompletionRequest, CompletionRequest
 from infer.cli.serve.sse import DONE, SSEResponse, finite_or_none, sse_data
-from infer.engine.runtime.events import DoneEvent, TokenEvent
-from infer.engine.runtime.stream import RequestStream
-from infer.engine.speculative import merge, summary
-from infer.engine.text.tokenizer import Tokenizer
+from infer.engine import DoneEvent, RequestStream, TokenEvent, Tokenizer, merge_spec_counters, spec_summary
 
 router = APIRouter()
 
@@ -107,8 +104,8 @@ def speculation_of(results_done: Sequence[DoneEvent]) -> dict[str, Any] | None:
     (`draft_n`, `draft_n_accepted`); None when no choice speculated."""
     totals: dict[str, int] = {}
     for done in results_done:
-        totals = merge(totals, done.counters)
-    stats = summary(totals)
+        totals = merge_spec_counters(totals, done.counters)
+    stats = spec_summary(totals)
     if stats is None:
         return None
     return {**stats, "draft_n": stats["draft_tokens"], "draft_n_accepted": stats["accepted_tokens"]}

@@ -12,12 +12,15 @@ from typing import Any
 
 from infer.cli.serve.bridge import EngineBridge
 from infer.cli.serve.errors import APIError
-from infer.engine.runtime.engine import Engine
-from infer.engine.runtime.request import Request, RequestError
-from infer.engine.runtime.stream import RequestStream
-from infer.engine.text.chat import ChatTemplateError
-from infer.engine.text.prompts import prompt_ids
-from infer.engine.text.sandbox import TemplateSandbox
+from infer.engine import (
+    ChatTemplateError,
+    Engine,
+    Request,
+    RequestError,
+    RequestStream,
+    TemplateSandbox,
+    prompt_ids,
+)
 from infer.profiles.settings import Settings
 
 

@@ -18,8 +18,7 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infer.engine.runtime.engine import Engine
-from infer.engine.runtime.events import DoneEvent
+from infer.engine import DoneEvent, Engine
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 """Seconds: from one decode step to a long generation."""

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 
-from infer.engine.sampling.params import FIELD_RANGES, LOGIT_BIAS_LIMIT
+from infer.engine import FIELD_RANGES, LOGIT_BIAS_LIMIT
 
 
 class _Open(BaseModel):

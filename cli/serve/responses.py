@@ -21,9 +21,7 @@ from infer.cli.serve.completions import LogprobFormatter, failure_error, run_who
 from infer.cli.serve.context import ServeContext, new_id
 from infer.cli.serve.schemas import ResponsesRequest
 from infer.cli.serve.sse import SSEResponse, sse_event
-from infer.engine.runtime.events import DoneEvent, TokenEvent
-from infer.engine.runtime.stream import RequestStream
-from infer.engine.sampling import SamplingParams
+from infer.engine import DoneEvent, RequestStream, SamplingParams, TokenEvent
 
 router = APIRouter()
 

@@ -17,11 +17,17 @@ from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origi
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, create_model
 
 from infer.cli.serve.errors import APIError
-from infer.engine.grammar import GrammarError, GrammarSpec
-from infer.engine.runtime.request import Request, RequestError
-from infer.engine.sampling import SamplingParams, SamplingParamsError
-from infer.engine.speculative import SpecConfig, SpecConfigError
-from infer.engine.text.chat import VALID_ROLES
+from infer.engine import (
+    VALID_ROLES,
+    GrammarError,
+    GrammarSpec,
+    Request,
+    RequestError,
+    SamplingParams,
+    SamplingParamsError,
+    SpecConfig,
+    SpecConfigError,
+)
 from infer.profiles.requests import FROM_SETTINGS, build_request, spec_config
 from infer.profiles.schema import SamplerSection, SpeculativeSection
 from infer.profiles.settings import SETTINGS, Settings, unused_spec_keys

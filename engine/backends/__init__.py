@@ -5,9 +5,12 @@ Every other list of backend names (the probe's, the profile schema's) is derived
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Protocol
 
-from infer.engine.backends.base import Backend, Capabilities
+from infer.engine.backends.base import Backend, BackendOptions, Capabilities, CompileReport
 from infer.engine.backends.cpu import CpuBackend
 from infer.engine.backends.cuda import CudaBackend
 from infer.engine.backends.errors import BackendError
@@ -15,19 +18,35 @@ from infer.engine.backends.metal import MetalBackend
 
 
 class BackendClass(Protocol):
-    """What the registry needs of a backend class: its name, probe, capabilities, and a constructor."""
+    """What the registry needs of a backend class: its name, probe, capabilities, a constructor, and
+    the hooks that set up the process before it loads (see base.HostSetup for what each one does
+    when a backend needs nothing)."""
 
     name: str
     capabilities: Capabilities
     implemented: bool
     """False while only the probe exists (the array library may work, the model ops do not yet)."""
 
-    def __call__(self, dtype: str = "float32") -> Backend:
-        """The backend computing in `dtype`; raises BackendError for a dtype it cannot compute in."""
+    def from_options(self, options: BackendOptions) -> Backend:
+        """The backend `options` ask for; raises BackendError for a dtype it cannot compute in."""
         ...
 
     def probe(self) -> str | None:
         """None when the backend can run here, else why not (imports its library, runs a tiny op)."""
+        ...
+
+    def prepare_process(self, options: BackendOptions, cache_home: Path) -> None:
+        """Process-wide settings of the backend's libraries, before anything loads."""
+        ...
+
+    def watch_compiles(
+        self, options: BackendOptions, on_first: Callable[[], None]
+    ) -> AbstractContextManager[CompileReport]:
+        """A block whose kernel compilations are counted and timed."""
+        ...
+
+    def threads_note(self, options: BackendOptions) -> str | None:
+        """One line on the host threads its matmuls would run on, or None."""
         ...
 
 
@@ -44,16 +63,49 @@ IMPLEMENTED: frozenset[str] = frozenset(name for name, cls in BACKEND_CLASSES.it
 """Backends this build has a model implementation for (derived from the registry)."""
 
 
-def create_backend(name: str, dtype: str = "float32", *, cpu_kernels: str = "blas") -> Backend:
-    """The backend called `name` computing in `dtype`; callers probe first (probe.select_backend) and
-    pass what it selected. `cpu_kernels` is the cpu backend's matmul mode (see cpu.KERNEL_MODES).
-    Raises BackendError for an unknown or unimplemented backend or a dtype it does not support."""
+def backend_class(name: str) -> BackendClass:
+    """The registered class called `name`; BackendError for an unknown or unimplemented one."""
     cls = BACKEND_CLASSES.get(name)
     if cls is None or not cls.implemented:
         raise BackendError(f"backend {name!r} has no implementation in this build; use cpu")
-    if cls is CpuBackend:
-        return CpuBackend(dtype, kernels=cpu_kernels)
-    return cls(dtype)
+    return cls
+
+
+def create_backend(
+    name: str, dtype: str = "float32", *, kernels: str = "blas", threads: int | None = None
+) -> Backend:
+    """The backend called `name` computing in `dtype`; callers probe first (probe.select_backend) and
+    pass what it selected. `kernels` is the matmul mode of a backend that has several
+    (capabilities.kernel_modes), `threads` its host threads (see BackendOptions).
+    Raises BackendError for an unknown or unimplemented backend or a dtype it does not support."""
+    options = BackendOptions(name, dtype, kernels, threads)
+    return backend_class(name).from_options(options)
+
+
+def prepare_process(options: BackendOptions, cache_home: Path) -> None:
+    """Set up this process for the backend `options` name, before its model loads: the cpu backend's
+    numba cache folder (under `cache_home`, infer's cache folder), OpenMP wait policy and BLAS
+    threads; BLAS threads for the others when a count is fixed."""
+    backend_class(options.name).prepare_process(options, cache_home)
+
+
+def watch_compiles(
+    options: BackendOptions, on_first: Callable[[], None]
+) -> AbstractContextManager[CompileReport]:
+    """A block (the model's load and warm-up) whose kernel compilations are counted and timed;
+    `on_first` runs before the first one starts. A backend that compiles nothing reports none."""
+    return backend_class(options.name).watch_compiles(options, on_first)
+
+
+def threads_note(options: BackendOptions) -> str | None:
+    """One line on the host threads the backend `options` name would run its matmuls on (None: not
+    on the host)."""
+    return backend_class(options.name).threads_note(options)
+
+
+def kernel_modes(name: str) -> tuple[str, ...]:
+    """The matmul modes backend `name` offers (capabilities.kernel_modes; empty: one way only)."""
+    return BACKEND_CLASSES[name].capabilities.kernel_modes
 
 
 __all__ = [
@@ -62,6 +114,13 @@ __all__ = [
     "IMPLEMENTED",
     "Backend",
     "BackendError",
+    "BackendOptions",
     "Capabilities",
+    "CompileReport",
+    "backend_class",
     "create_backend",
+    "kernel_modes",
+    "prepare_process",
+    "threads_note",
+    "watch_compiles",
 ]

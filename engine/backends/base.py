@@ -8,19 +8,32 @@ indices, masks) is passed in as numpy and the backend moves it with `asarray`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
 from infer.engine.backends.arrays import Array
+from infer.engine.backends.errors import BackendError
 
 if TYPE_CHECKING:
     from infer.engine.backends.attention import AttentionPlan
     from infer.engine.backends.kv_cache import KVCache
 
-__all__ = ["Array", "Backend", "Capabilities", "SamplingEnvelope", "Weight"]
+__all__ = [
+    "Array",
+    "Backend",
+    "BackendOptions",
+    "Capabilities",
+    "CompileReport",
+    "HostSetup",
+    "SamplingEnvelope",
+    "Weight",
+    "device_capabilities",
+]
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,103 @@ class Capabilities:
     """GGUF block formats `Backend.weight` takes as blocks, without a float copy (empty: dense only)."""
     sampling: SamplingEnvelope = SamplingEnvelope()
     """Device-sampling envelope."""
+    kernel_modes: tuple[str, ...] = ()
+    """How it may multiply by a quantized matrix, when it has a choice (`BackendOptions.kernels`;
+    the cpu backend: exact, int8, blas); empty: one way only. The profile schema reads them here."""
+
+
+def device_capabilities(quant_formats: tuple[str, ...]) -> Capabilities:
+    """A GPU backend's capabilities: every float dtype, `quant_formats` as blocks, and sampling on
+    the device."""
+    return Capabilities(
+        dtypes=("float32", "float16", "bfloat16"),
+        quant_formats=quant_formats,
+        sampling=SamplingEnvelope(on_device=True),
+    )
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """The settings that build a backend: which one, its dtype, its kernel mode and its threads."""
+
+    name: str = "cpu"
+    """Backend name as profiles spell it (one of BACKEND_NAMES)."""
+    dtype: str = "float32"
+    """Compute dtype (one of the backend's capabilities.dtypes)."""
+    kernels: str = "blas"
+    """Matmul mode, one of capabilities.kernel_modes, for a backend that has several (the profile's
+    `cpu_kernels`); a backend with none has one way and takes no mode."""
+    threads: int | None = None
+    """Host threads for the matmuls: None = the libraries' own counts, left alone (library use);
+    0 = all cores (the cpu kernels: one fewer per core other processes keep busy, re-checked before
+    each step); N = N (the profile's `threads`)."""
+
+
+@dataclass
+class CompileReport:
+    """What a backend compiled while its kernels loaded (the cpu backend's numba kernels on the first
+    run on a machine); nothing for a backend that compiles nothing."""
+
+    kernels: int = 0
+    """Top-level compilations (functions a kernel calls compile inside its own event)."""
+    seconds: float = 0.0
+    """Wall time spent compiling."""
+
+
+class HostSetup:
+    """The hooks around a backend's ops, with what a backend that needs none does: the process, the
+    step thread and each step are left as they are, and nothing compiles. A backend class inherits
+    these and overrides what its libraries need (the cpu backend: cpu_setup.py)."""
+
+    @classmethod
+    def require_dtype(cls, dtype: str) -> None:
+        """Raise BackendError unless the backend computes in `dtype` (one of capabilities.dtypes)."""
+        dtypes: tuple[str, ...] = cls.capabilities.dtypes  # type: ignore[attr-defined]
+        if dtype not in dtypes:
+            raise BackendError(
+                f"the {cls.name} backend computes in {', '.join(dtypes)}, got dtype {dtype!r}; "  # type: ignore[attr-defined]
+                "use dtype float32"
+            )
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> Backend:
+        """The backend `options` ask for (raises BackendError for a dtype it cannot compute in)."""
+        return cls(options.dtype)  # type: ignore[call-arg,return-value]
+
+    @staticmethod
+    def prepare_process(options: BackendOptions, cache_home: Path) -> None:
+        """Before anything loads: process-wide settings of the libraries the backend runs on.
+        Here: the host BLAS (logits on the host, attention of long prompts) on `threads` threads
+        when a count is fixed. `cache_home` is the folder of infer's own caches."""
+        if options.threads:
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(limits=options.threads, user_api="blas")
+
+    @staticmethod
+    def watch_compiles(
+        options: BackendOptions, on_first: Callable[[], None]
+    ) -> AbstractContextManager[CompileReport]:
+        """A block whose kernel compilations are counted and timed (`on_first` runs before the first
+        one starts, for a notice); here nothing compiles."""
+        return nullcontext(CompileReport())
+
+    @staticmethod
+    def threads_note(options: BackendOptions) -> str | None:
+        """One line saying how many host threads the matmuls run on (`infer profiles show`); None
+        for a backend whose matmuls are not on the host."""
+        return None
+
+    def prepare_thread(self) -> None:
+        """Called first in the thread that runs the engine's steps, if not the one that built it."""
+
+    def prepare_step(self) -> None:
+        """Called before each engine step."""
+
+    def kernel_threads_now(self) -> int | None:
+        """Threads the backend's own host kernels run on now; None when it has none (its matmuls
+        go through the host BLAS or run on a device)."""
+        return None
 
 
 class Weight(Protocol):

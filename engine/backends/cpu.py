@@ -2,93 +2,25 @@
 
 from __future__ import annotations
 
-import ctypes
 import math
 import mmap
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
 
 import numpy as np
 
+from infer.engine.backends import cpu_setup
 from infer.engine.backends.attention import AttentionPlan, PrefillRun, causal_mask
-from infer.engine.backends.base import Capabilities
+from infer.engine.backends.base import BackendOptions, Capabilities, CompileReport, HostSetup
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
+from infer.engine.backends.cpu_memory import PAGE, adjacent_rows, contiguous_runs, madvise, read_only_file_map
 from infer.engine.backends.errors import BackendError
 from infer.engine.backends.kv_cache import KVCache
-
-_PAGE = mmap.PAGESIZE
-
-
-def _madvise_dontneed() -> Callable[[int, int], None]:
-    """madvise(addr, length, MADV_DONTNEED) through libc, or a no-op where there is none."""
-    advice = getattr(mmap, "MADV_DONTNEED", None)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        call = libc.madvise
-    except (OSError, AttributeError):
-        call = None
-    if call is None or advice is None:
-        return lambda address, length: None
-    call.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return lambda address, length: call(address, length, advice)
-
-
-_madvise = _madvise_dontneed()
-
-
-def _contiguous_runs(array: np.ndarray) -> list[tuple[int, int]]:
-    """(address, bytes) of each contiguous run of `array`'s memory: the array itself when it is
-    contiguous, else one run per index of its leading axes (down to the contiguous trailing part)."""
-    if array.size == 0:
-        return []
-    if array.flags.c_contiguous:
-        return [(array.ctypes.data, array.nbytes)]
-    return [run for sub in array for run in _contiguous_runs(sub)]
-
-
-def _buffer_owner(array: np.ndarray) -> object:
-    """The object at the end of `array`'s chain of bases: the buffer (an mmap, bytes) or the array
-    that owns its memory."""
-    owner: object = array
-    while isinstance(owner, np.ndarray) and owner.base is not None:
-        owner = owner.base
-    return owner
-
-
-def _read_only_file_map(array: np.ndarray) -> bool:
-    """`array` views a file mapped read-only (np.memmap mode "r" among its bases): giving its pages
-    back (`CpuBackend.discard`) loses nothing, a later read maps them from the file again."""
-    base: object = array
-    while isinstance(base, np.ndarray):
-        if isinstance(base, np.memmap) and base.mode == "r":
-            return True
-        base = base.base
-    return False
-
-
-def _adjacent_rows(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
-    """One view of 2-D C-ordered arrays with rows of the same width stored back to back in the same
-    buffer (each starts where the previous one ends), or None when they are not."""
-    first = arrays[0]
-    owner = _buffer_owner(first)
-    address = first.ctypes.data
-    for array in arrays:
-        if (
-            array.ndim != 2
-            or not array.flags.c_contiguous
-            or array.dtype != first.dtype
-            or array.shape[1] != first.shape[1]
-            or array.ctypes.data != address
-            or _buffer_owner(array) is not owner
-        ):
-            return None
-        address += array.nbytes
-    rows = sum(array.shape[0] for array in arrays)
-    return np.lib.stride_tricks.as_strided(first, (rows, first.shape[1]), first.strides, writeable=False)
-
 
 _VOCAB_CHUNK = 4096
 """Rows of the embedding table per vocabulary-projection matmul (see CpuBackend.logits)."""
@@ -144,11 +76,11 @@ class StackedWeight:
     shape: tuple[int, ...]
 
 
-class CpuBackend:
+class CpuBackend(HostSetup):
     """Numpy implementation of the Backend protocol (float32), with numba kernels on GGUF blocks."""
 
     name: ClassVar[str] = "cpu"
-    capabilities: ClassVar[Capabilities] = Capabilities(dtypes=("float32",))
+    capabilities: ClassVar[Capabilities] = Capabilities(dtypes=("float32",), kernel_modes=KERNEL_MODES)
     implemented: ClassVar[bool] = True
 
     def __init__(
@@ -156,6 +88,8 @@ class CpuBackend:
         dtype: str = "float32",
         kernels: str = "blas",
         kernel_table: Mapping[str, QuantKernels] | None = None,
+        *,
+        threads: int | None = None,
     ) -> None:
         if dtype not in self.capabilities.dtypes:
             raise BackendError(
@@ -193,6 +127,46 @@ class CpuBackend:
         """float32 ones per width: the RMSNorm kernel's weight when a norm has none (x * 1 == x)."""
         self._pools: dict[int, ThreadPoolExecutor] = {}
         """Thread pools for prefill attention blocks, by thread count (kernel modes)."""
+        self.step_threads = cpu_setup.StepThreads(BackendOptions(self.name, dtype, kernels, threads))
+        """The kernels' thread count in the step threads (see BackendOptions.threads)."""
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> CpuBackend:
+        """The backend in `options.kernels` mode, its kernels on `options.threads` threads."""
+        return cls(options.dtype, kernels=options.kernels, threads=options.threads)
+
+    @staticmethod
+    def prepare_process(options: BackendOptions, cache_home: Path) -> None:
+        """numba's cache folder, OpenMP's wait policy and BLAS threads (see cpu_setup.prepare_process)."""
+        cpu_setup.prepare_process(options, cache_home)
+
+    @staticmethod
+    def watch_compiles(
+        options: BackendOptions, on_first: Callable[[], None]
+    ) -> AbstractContextManager[CompileReport]:
+        """numba's kernel compilations in the block (none in the `blas` mode)."""
+        return cpu_setup.watch_compiles(options, on_first)
+
+    @staticmethod
+    def threads_note(options: BackendOptions) -> str | None:
+        """The thread count the matmuls would run on (see cpu_setup.threads_note)."""
+        return cpu_setup.threads_note(options)
+
+    def prepare_thread(self) -> None:
+        """The step thread runs the kernels on the fixed thread count, if one is."""
+        self.step_threads.prepare_thread()
+
+    def prepare_step(self) -> None:
+        """The kernels' thread count for the load now, when it adapts (threads 0)."""
+        self.step_threads.prepare_step()
+
+    def kernel_threads_now(self) -> int | None:
+        """numba's thread count in this thread in the kernel modes; None with `blas`."""
+        if self._rowops is None:
+            return None
+        import numba
+
+        return int(numba.get_num_threads())
 
     @property
     def block_formats(self) -> frozenset[str]:
@@ -235,11 +209,11 @@ class CpuBackend:
         shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
         if len({p.kernels for p in parts}) > 1 or len({p.blocks.shape[1:] for p in parts}) > 1:
             return StackedWeight(parts, shape)
-        joined = _adjacent_rows([p.blocks for p in parts])
+        joined = adjacent_rows([p.blocks for p in parts])
         if joined is None:
             joined = np.concatenate([p.blocks for p in parts])
             for part in parts:
-                if _read_only_file_map(part.blocks):
+                if read_only_file_map(part.blocks):
                     self.discard(part.blocks)
         return BlockWeight(joined, parts[0].kernels, shape)
 
@@ -334,12 +308,12 @@ class CpuBackend:
         back to the kernel with madvise(MADV_DONTNEED); they read as zeros (a file's contents)
         afterwards and cost no RSS until touched again.
         Each contiguous run of the view is handled separately; partial pages at a run's ends stay."""
-        runs = _contiguous_runs(array)
+        runs = contiguous_runs(array)
         for start, nbytes in runs:
-            first = -(-start // _PAGE) * _PAGE
-            last = (start + nbytes) // _PAGE * _PAGE
+            first = -(-start // PAGE) * PAGE
+            last = (start + nbytes) // PAGE * PAGE
             if last > first:
-                _madvise(first, last - first)
+                madvise(first, last - first)
 
     def embed(self, table: DenseWeight | BlockWeight, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` of the table. With BLAS the residual stream is kept column-major, the layout

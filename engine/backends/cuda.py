@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from infer.engine.backends.attention import AttentionPlan
-from infer.engine.backends.base import Capabilities, SamplingEnvelope
+from infer.engine.backends.base import Capabilities, HostSetup, device_capabilities
 from infer.engine.backends.cuda_kernels import BLOCK_FORMATS, COMPILE_OPTIONS, GEMV_MAX_ROWS, SOURCES
 from infer.engine.backends.errors import BackendError
 from infer.engine.backends.kv_cache import KVCache
@@ -101,23 +101,15 @@ class CudaStacked:
 CudaWeight = CudaMatrix | CudaVector | CudaStacked
 
 
-class CudaBackend:
+class CudaBackend(HostSetup):
     """CuPy implementation of the Backend protocol (float32 activations; weights in the dtype)."""
 
     name: ClassVar[str] = "cuda"
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        dtypes=("float32", "float16", "bfloat16"),
-        quant_formats=QUANT_FORMATS,
-        sampling=SamplingEnvelope(on_device=True),
-    )
+    capabilities: ClassVar[Capabilities] = device_capabilities(QUANT_FORMATS)
     implemented: ClassVar[bool] = True
 
     def __init__(self, dtype: str = "float32") -> None:
-        if dtype not in self.capabilities.dtypes:
-            raise BackendError(
-                f"the cuda backend computes in {', '.join(self.capabilities.dtypes)}, got dtype {dtype!r}; "
-                "use dtype float32"
-            )
+        self.require_dtype(dtype)
         try:
             import cupy
         except ImportError:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from infer.engine.backends.attention import AttentionPlan, causal_mask
-from infer.engine.backends.base import Capabilities, SamplingEnvelope
+from infer.engine.backends.base import Capabilities, HostSetup, device_capabilities
 from infer.engine.backends.errors import BackendError
 from infer.engine.backends.gguf_affine import GROUP, dequantize_affine, to_affine
 from infer.engine.backends.kv_cache import KVCache
@@ -69,23 +69,15 @@ class MlxStacked:
 MlxWeight = MlxDense | MlxQuant | MlxStacked
 
 
-class MetalBackend:
+class MetalBackend(HostSetup):
     """MLX implementation of the Backend protocol (float32, float16 or bfloat16 compute)."""
 
     name: ClassVar[str] = "metal"
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        dtypes=("float32", "float16", "bfloat16"),
-        quant_formats=QUANT_FORMATS,
-        sampling=SamplingEnvelope(on_device=True),
-    )
+    capabilities: ClassVar[Capabilities] = device_capabilities(QUANT_FORMATS)
     implemented: ClassVar[bool] = True
 
     def __init__(self, dtype: str = "float32") -> None:
-        if dtype not in self.capabilities.dtypes:
-            raise BackendError(
-                f"the metal backend computes in {', '.join(self.capabilities.dtypes)}, got dtype {dtype!r}; "
-                "use dtype float32"
-            )
+        self.require_dtype(dtype)
         try:
             mx = _mx()
         except ImportError:

@@ -4,7 +4,8 @@ model interfaces, and the load error."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -277,3 +278,64 @@ def matrix_weight(backend: Backend, float_copies: set[str], tensors: tuple[Tenso
     return backend.weight(
         np.concatenate([np.asarray(t) for t in tensors]) if len(tensors) > 1 else tensors[0]
     )
+
+
+def gguf_number(
+    meta: Mapping[str, Any], full: str, source: str, kind: type, default: Any = None, *, positive: bool = True
+) -> Any:
+    """GGUF metadata field `full` as `kind` (`default` when absent and a default is given); a missing,
+    non-numeric or (with `positive`) non-positive value is a ModelLoadError naming `source`."""
+    if full not in meta:
+        if default is None:
+            raise ModelLoadError(f"{source}: missing metadata field {full}")
+        return default
+    try:
+        value = kind(meta[full])
+    except (TypeError, ValueError):
+        raise ModelLoadError(
+            f"{source}: metadata field {full} must be a number, got {meta[full]!r}"
+        ) from None
+    if positive and value <= 0:
+        raise ModelLoadError(f"{source}: metadata field {full} must be positive, got {value}")
+    return value
+
+
+@contextmanager
+def config_fields(source: str) -> Iterator[None]:
+    """Turn a missing field (KeyError) or a bad value (TypeError, ValueError) of a config read inside
+    the block into a ModelLoadError naming `source`."""
+    try:
+        yield
+    except KeyError as exc:
+        raise ModelLoadError(f"{source}: missing field {exc.args[0]}") from None
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{source}: bad value ({exc})") from None
+
+
+class DecoderModel:
+    """What the built-in families' model classes share around their own `forward_logits`: matrices
+    from checkpoint tensors, the KV cache, and the host copy of the logits. A family's class sets
+    `config`, `backend` and `float_copies` and defines `forward_logits` and `vocab_size`."""
+
+    config: ModelConfig
+    backend: Backend
+    float_copies: set[str]
+
+    def _matrix(self, *tensors: Tensor) -> Weight:
+        """One weight whose rows are `tensors`' rows in order: kept in their GGUF blocks where the
+        backend computes on that type, else as one float32 matrix."""
+        return matrix_weight(self.backend, self.float_copies, tensors)
+
+    def make_cache(self, slots: int, capacity: int) -> KVCache:
+        """A KV cache for `slots` sequences of up to `capacity` tokens."""
+        from infer.engine.backends.kv_cache import KVCache
+
+        c = self.config
+        return KVCache.allocate(
+            self.backend, c.num_hidden_layers, slots, c.num_key_value_heads, capacity, c.head_dim
+        )
+
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
+        """Run every row of `batch` (positions from its segments' `start`), write its keys/values
+        into `cache`, return logits [logit_rows, vocab] on the host."""
+        return self.backend.to_host(self.forward_logits(batch, cache))  # type: ignore[attr-defined]

@@ -28,14 +28,16 @@ from infer.engine.backends.kv_cache import KVCache
 from infer.engine.batch import ForwardBatch
 from infer.engine.models.base import (
     Checkpoint,
+    DecoderModel,
     ModelConfig,
     ModelLoadError,
     QuantizedTensor,
     Tensor,
     check_shapes,
+    config_fields,
+    gguf_number,
     gguf_rope_scaling,
     hf_rope,
-    matrix_weight,
 )
 from infer.engine.models.llama import half_to_interleaved, inverse_frequencies
 
@@ -127,20 +129,7 @@ class Gemma3Family:
         (pattern 6, local RoPE base 10000, score scale 1/sqrt(head_dim)) take the same defaults."""
 
         def number(key: str, kind: type, default: Any = None) -> Any:
-            full = f"{architecture}.{key}"
-            if full not in meta:
-                if default is None:
-                    raise ModelLoadError(f"{source}: missing metadata field {full}")
-                return default
-            try:
-                value = kind(meta[full])
-            except (TypeError, ValueError):
-                raise ModelLoadError(
-                    f"{source}: metadata field {full} must be a number, got {meta[full]!r}"
-                ) from None
-            if value <= 0:
-                raise ModelLoadError(f"{source}: metadata field {full} must be positive, got {value}")
-            return value
+            return gguf_number(meta, f"{architecture}.{key}", source, kind, default)
 
         def optional(key: str) -> float | None:
             return number(key, float) if f"{architecture}.{key}" in meta else None
@@ -180,7 +169,7 @@ class Gemma3Family:
         self, raw: Mapping[str, Any], architecture: str, weights: Mapping[str, np.ndarray], source: str
     ) -> Gemma3Config:
         """config.json (Gemma3ForCausalLM's text config) as a Gemma3Config."""
-        try:
+        with config_fields(source):
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
             layers = int(raw["num_hidden_layers"])
@@ -227,10 +216,6 @@ class Gemma3Family:
                 query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", head_dim)),
                 **caps,
             )
-        except KeyError as exc:
-            raise ModelLoadError(f"{source}: missing field {exc.args[0]}") from None
-        except (TypeError, ValueError) as exc:
-            raise ModelLoadError(f"{source}: bad value ({exc})") from None
 
     def expected_shapes(self, config: ModelConfig) -> dict[str, tuple[int, ...]]:
         """The shape every required weight must have for `config`, keyed by HF name."""
@@ -325,7 +310,7 @@ class _Layer:
     post_mlp_norm: Weight  # [hidden]
 
 
-class Gemma3Model:
+class Gemma3Model(DecoderModel):
     """Gemma 3 text decoder over a ragged batch and a slot-based KV cache.
 
     Sliding layers attend through a window view of the cache (`AttentionPlan.with_window`): they read
@@ -394,22 +379,10 @@ class Gemma3Model:
         self._local = _Rotations(inverse_frequencies(local, None), score_scale)
         self._sliding_layers = tuple(i for i, layer in enumerate(self.layers) if layer.sliding)
 
-    def _matrix(self, *tensors: Tensor) -> Weight:
-        """One weight whose rows are `tensors`' rows in order: kept in their GGUF blocks where the
-        backend computes on that type, else as one float32 matrix."""
-        return matrix_weight(self.backend, self.float_copies, tensors)
-
     @property
     def vocab_size(self) -> int:
         """Rows of the output projection (the tied embedding table)."""
         return int(self.embed.shape[0])
-
-    def make_cache(self, slots: int, capacity: int) -> KVCache:
-        """A KV cache for `slots` sequences of up to `capacity` tokens."""
-        c = self.config
-        return KVCache.allocate(
-            self.backend, c.num_hidden_layers, slots, c.num_key_value_heads, capacity, c.head_dim
-        )
 
     def _forget_past_windows(self, batch: ForwardBatch, cache: KVCache) -> None:
         """Sliding layers keep only their window resident. Every later row of a sequence sits after
@@ -426,11 +399,6 @@ class Gemma3Model:
         head_dim = self.config.head_dim
         normed = self.backend.rms_norm(x.reshape(rows * heads, head_dim), weight, self.config.rms_norm_eps)
         return normed.reshape(rows, heads, head_dim)
-
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
-        """Run every row of `batch`, write its keys/values into `cache`, return logits [logit_rows, vocab]
-        on the host."""
-        return self.backend.to_host(self.forward_logits(batch, cache))
 
     def forward_logits(self, batch: ForwardBatch, cache: KVCache) -> Array:
         """`forward`, with the logits left where the backend computed them (for device sampling)."""

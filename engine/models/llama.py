@@ -21,15 +21,17 @@ from infer.engine.backends.kv_cache import KVCache
 from infer.engine.batch import ForwardBatch
 from infer.engine.models.base import (
     Checkpoint,
+    DecoderModel,
     ModelConfig,
     ModelLoadError,
     QuantizedTensor,
     Tensor,
     check_no_stray_layers,
     check_shapes,
+    config_fields,
+    gguf_number,
     gguf_rope_scaling,
     hf_rope,
-    matrix_weight,
 )
 
 ROPE_FREQS = "rope_freqs.weight"
@@ -83,20 +85,7 @@ class LlamaFamily:
         """`<arch>.*` GGUF metadata as a ModelConfig (HF field names)."""
 
         def number(key: str, kind: type, default: Any = None, positive: bool = True) -> Any:
-            full = f"{architecture}.{key}"
-            if full not in meta:
-                if default is None:
-                    raise ModelLoadError(f"{source}: missing metadata field {full}")
-                return default
-            try:
-                value = kind(meta[full])
-            except (TypeError, ValueError):
-                raise ModelLoadError(
-                    f"{source}: metadata field {full} must be a number, got {meta[full]!r}"
-                ) from None
-            if positive and value <= 0:
-                raise ModelLoadError(f"{source}: metadata field {full} must be positive, got {value}")
-            return value
+            return gguf_number(meta, f"{architecture}.{key}", source, kind, default, positive=positive)
 
         hidden = number("embedding_length", int)
         heads = number("attention.head_count", int)
@@ -126,7 +115,7 @@ class LlamaFamily:
         self, raw: Mapping[str, Any], architecture: str, weights: Mapping[str, np.ndarray], source: str
     ) -> ModelConfig:
         """config.json as a ModelConfig; a missing lm_head means tied embeddings."""
-        try:
+        with config_fields(source):
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
             rope_theta, rope_scaling = hf_rope(raw, 10000.0)
@@ -148,10 +137,6 @@ class LlamaFamily:
                 rope_layout="half",
                 rope_scaling=rope_scaling,
             )
-        except KeyError as exc:
-            raise ModelLoadError(f"{source}: missing field {exc.args[0]}") from None
-        except (TypeError, ValueError) as exc:
-            raise ModelLoadError(f"{source}: bad value ({exc})") from None
 
     def expected_shapes(self, config: ModelConfig) -> dict[str, tuple[int, ...]]:
         """The shape every required weight must have for `config`, keyed by HF name."""
@@ -257,7 +242,7 @@ class _Layer:
     down: Weight  # [hidden, intermediate]
 
 
-class LlamaModel:
+class LlamaModel(DecoderModel):
     """Decoder-only llama-family transformer over a ragged batch and a slot-based KV cache."""
 
     def __init__(self, checkpoint: Checkpoint, backend: Backend) -> None:
@@ -309,22 +294,10 @@ class LlamaModel:
         self._rotations = np.zeros((0, config.head_dim // 2), dtype=np.complex64)
         self._q_rotations = self._rotations
 
-    def _matrix(self, *tensors: Tensor) -> Weight:
-        """One weight whose rows are `tensors`' rows in order: kept in their GGUF blocks where the
-        backend computes on that type, else as one float32 matrix."""
-        return matrix_weight(self.backend, self.float_copies, tensors)
-
     @property
     def vocab_size(self) -> int:
         """Rows of the output projection."""
         return int(self.lm_head.shape[0])
-
-    def make_cache(self, slots: int, capacity: int) -> KVCache:
-        """A KV cache for `slots` sequences of up to `capacity` tokens."""
-        c = self.config
-        return KVCache.allocate(
-            self.backend, c.num_hidden_layers, slots, c.num_key_value_heads, capacity, c.head_dim
-        )
 
     def _rope_rotations(self, positions: np.ndarray) -> tuple[Array, Array]:
         """(q's, k's) cos + i sin of every (position, frequency), complex64 [rows, head_dim / 2], on the
@@ -340,13 +313,6 @@ class LlamaModel:
         return self.backend.asarray(self._q_rotations[positions]), self.backend.asarray(
             self._rotations[positions]
         )
-
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
-        """Run every row of `batch`, write its keys/values into `cache`, return logits [logit_rows, vocab]
-        on the host.
-
-        Positions come from each segment's `start` (the step loop's sequence position)."""
-        return self.backend.to_host(self.forward_logits(batch, cache))
 
     def forward_logits(self, batch: ForwardBatch, cache: KVCache) -> Array:
         """`forward`, with the logits left where the backend computed them (for device sampling)."""

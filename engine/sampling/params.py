@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from infer.engine.sampling.field_text import parse_text
+
 
 class SamplingParamsError(ValueError):
     """A sampling parameter is invalid; ``parameter`` names the field, ``value`` is what was given."""
@@ -486,6 +488,23 @@ class SamplingParams:
     def dry_active(self) -> bool:
         """Whether DRY changes any logit."""
         return self.dry_multiplier > 0.0 and self.dry_penalty_last_n != 0
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any]) -> SamplingParams:
+        """Validated params from values as a caller found them: text (a flag's or an environment
+        variable's) is parsed here, by the field's own type ("0.5" -> 0.5, "none" -> None for the
+        seed, a JSON array or ';'-separated items for a list; ``samplers`` parses its own text), and
+        anything else is taken as it is; then every field is checked as construction always does.
+        Raises :class:`SamplingParamsError` naming the field."""
+        hints = typing.get_type_hints(cls)
+        parsed: dict[str, Any] = {}
+        for name, value in values.items():
+            try:
+                hint = hints.get(name)  # an unknown name fails in the constructor, as always
+                parsed[name] = value if name == "samplers" or hint is None else parse_text(value, hint)
+            except ValueError as exc:
+                raise _err(name, value, str(exc)) from None
+        return cls(**parsed)
 
     def replace(self, **changes: Any) -> SamplingParams:
         """A validated copy with ``changes`` applied."""

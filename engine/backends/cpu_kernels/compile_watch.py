@@ -9,19 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
-
-@dataclass
-class CompileReport:
-    """What numba compiled while a `watch_compiles` block ran."""
-
-    kernels: int = 0
-    """Top-level compilations (functions a kernel calls compile inside its own event)."""
-    seconds: float = 0.0
-    """Wall time spent compiling."""
-    _depth: int = field(default=0, repr=False)
-    _started: float = field(default=0.0, repr=False)
+from infer.engine.backends.base import CompileReport
 
 
 @contextmanager
@@ -34,18 +23,21 @@ def watch_compiles(on_first: Callable[[], None] | None = None) -> Iterator[Compi
     report = CompileReport()
 
     class _Listener(event.Listener):
+        depth = 0
+        started = 0.0
+
         def on_start(self, ev: event.Event) -> None:
-            if report._depth == 0:
+            if self.depth == 0:
                 if report.kernels == 0 and on_first is not None:
                     on_first()
-                report._started = time.perf_counter()
-            report._depth += 1
+                self.started = time.perf_counter()
+            self.depth += 1
 
         def on_end(self, ev: event.Event) -> None:
-            report._depth -= 1
-            if report._depth == 0:
+            self.depth -= 1
+            if self.depth == 0:
                 report.kernels += 1
-                report.seconds += time.perf_counter() - report._started
+                report.seconds += time.perf_counter() - self.started
 
     with event.install_listener("numba:compile", _Listener()):
         yield report

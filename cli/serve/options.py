@@ -1,0 +1,43 @@
+"""`infer serve`'s own options (the shared settings flags come on top)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from infer.cli.options import option
+from infer.cli.serve.limits import DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Where to listen and how to admit; each field is the command-line option of its metadata."""
+
+    host: str = option(
+        "127.0.0.1", "--host", help="Address to listen on (loopback by default; others need care)."
+    )
+    port: int = option(8080, "--port", min=0, max=65535, help="TCP port; 0 = any free port.")
+    api_key: Optional[str] = option(
+        None,
+        "--api-key",
+        envvar="INFER_API_KEY",
+        help="Require `Authorization: Bearer KEY` on every route but /health (env INFER_API_KEY).",
+    )
+    shutdown_grace: float = option(
+        30.0, "--shutdown-grace", min=0.0, help="Seconds in-flight requests may finish after SIGTERM."
+    )
+    max_body_mb: float = option(
+        DEFAULT_MAX_BODY_BYTES / 2**20,
+        "--max-body-mb",
+        min=0.001,
+        help="Largest request body accepted (MiB).",
+    )
+    alias: Optional[list[str]] = option(
+        None,
+        "--alias",
+        metavar="NAME",
+        help="Another model name requests may use (repeatable); any other name is 404 model_not_found.",
+    )
+    log_level: str = option(
+        "warning", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."
+    )

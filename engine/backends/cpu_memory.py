@@ -1,0 +1,82 @@
+"""Memory helpers of the cpu backend: giving pages of read-only file maps back to the OS, and
+viewing matrices stored back to back in one buffer as one matrix (for stacked weights)."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+"""The OS page: the unit `madvise` gives back."""
+
+
+def _madvise_dontneed() -> Callable[[int, int], None]:
+    """madvise(addr, length, MADV_DONTNEED) through libc, or a no-op where there is none."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.madvise
+    except (OSError, AttributeError):
+        call = None
+    if call is None or advice is None:
+        return lambda address, length: None
+    call.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return lambda address, length: call(address, length, advice)
+
+
+madvise = _madvise_dontneed()
+"""madvise(address, length) with MADV_DONTNEED."""
+
+
+def contiguous_runs(array: np.ndarray) -> list[tuple[int, int]]:
+    """(address, bytes) of each contiguous run of `array`'s memory: the array itself when it is
+    contiguous, else one run per index of its leading axes (down to the contiguous trailing part)."""
+    if array.size == 0:
+        return []
+    if array.flags.c_contiguous:
+        return [(array.ctypes.data, array.nbytes)]
+    return [run for sub in array for run in contiguous_runs(sub)]
+
+
+def buffer_owner(array: np.ndarray) -> object:
+    """The object at the end of `array`'s chain of bases: the buffer (an mmap, bytes) or the array
+    that owns its memory."""
+    owner: object = array
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+        owner = owner.base
+    return owner
+
+
+def read_only_file_map(array: np.ndarray) -> bool:
+    """`array` views a file mapped read-only (np.memmap mode "r" among its bases): giving its pages
+    back (`CpuBackend.discard`) loses nothing, a later read maps them from the file again."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap) and base.mode == "r":
+            return True
+        base = base.base
+    return False
+
+
+def adjacent_rows(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """One view of 2-D C-ordered arrays with rows of the same width stored back to back in the same
+    buffer (each starts where the previous one ends), or None when they are not."""
+    first = arrays[0]
+    owner = buffer_owner(first)
+    address = first.ctypes.data
+    for array in arrays:
+        if (
+            array.ndim != 2
+            or not array.flags.c_contiguous
+            or array.dtype != first.dtype
+            or array.shape[1] != first.shape[1]
+            or array.ctypes.data != address
+            or buffer_owner(array) is not owner
+        ):
+            return None
+        address += array.nbytes
+    rows = sum(array.shape[0] for array in arrays)
+    return np.lib.stride_tricks.as_strided(first, (rows, first.shape[1]), first.strides, writeable=False)

@@ -1,0 +1,120 @@
+"""What the cpu backend sets up around its numba kernels: the process (numba's cache folder,
+OpenMP's wait policy, BLAS threads), the kernels' thread count in each thread that runs steps, and
+the watch that tells the CLI when loading compiles them.
+
+The `blas` mode runs no numba kernel: it only pins BLAS threads when a count is fixed, and imports
+no numba.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from infer.engine.backends.base import BackendOptions, CompileReport, HostSetup
+from infer.engine.backends.cpu_threads import KernelThreads
+
+
+def uses_kernels(options: BackendOptions) -> bool:
+    """Whether the matmuls run on the numba kernels (every mode but `blas`)."""
+    return options.kernels != "blas"
+
+
+def prepare_process(options: BackendOptions, cache_home: Path) -> None:
+    """Before the kernels are imported: numba's cache folder and OpenMP's wait policy, and BLAS
+    (long prefill attention only) on one thread, since two spinning thread pools on the same cores
+    slow each other down 2x. In the `blas` mode only BLAS's count, when one is fixed."""
+    if not uses_kernels(options):
+        HostSetup.prepare_process(options, cache_home)
+        return
+    from threadpoolctl import threadpool_limits
+
+    use_kernel_cache(cache_home)
+    idle_threads_sleep()
+    threadpool_limits(limits=1, user_api="blas")
+
+
+def threads_note(options: BackendOptions) -> str:
+    """How many threads the matmuls would run on: a count the user fixed, or (threads 0 with the
+    kernels) every core while they are free, fewer while other processes keep some busy."""
+    cores = os.cpu_count() or 1
+    if options.threads:
+        return f"threads: {options.threads} (fixed)"
+    if not uses_kernels(options):
+        return f"threads: {cores} (all cores)"
+    return f"threads: up to {cores}, one fewer per core other processes keep busy (-t N fixes it)"
+
+
+def use_kernel_cache(cache_home: Path) -> None:
+    """Point numba's compiled-kernel cache at `cache_home/numba` when the package folder is read-only
+    (a system or wheel install), so kernels compile once per machine, not once per run. Must run before
+    the kernels are imported; a NUMBA_CACHE_DIR the user set wins."""
+    package = Path(__file__).parent
+    if "NUMBA_CACHE_DIR" not in os.environ and not os.access(package, os.W_OK):
+        os.environ["NUMBA_CACHE_DIR"] = str(cache_home / "numba")
+
+
+def idle_threads_sleep() -> None:
+    """Let the kernels' OpenMP threads spin only briefly at a barrier, then sleep, unless the user
+    chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
+
+    Endless spinning waits for a partner the OS has not scheduled: with other processes on the cores,
+    decode fell to 1-3 tok/s (scripts/bench_contention.py). Sleeping at once (PASSIVE) costs a futex
+    wake per parallel region: decode fell from ~185 to ~63 tok/s on an idle 2-core machine, and libgomp
+    uses that short "throttled" spin anyway whenever its threads outnumber the cores (the engine's
+    step thread beside the main thread's pool). ACTIVE with a bounded count (20,000 spins, some tens
+    of microseconds: longer than the gap between two kernels of one step, far shorter than a time
+    slice) keeps both: 200 tok/s idle, from the main or a background thread. Must run before the
+    kernels' first parallel call."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+    os.environ["GOMP_SPINCOUNT"] = "20000"
+
+
+def set_kernel_threads(threads: int) -> None:
+    """Run the numba kernels called from this thread on `threads` threads (numba's count is per
+    calling thread, so the engine's step thread sets it too)."""
+    import numba
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def watch_compiles(
+    options: BackendOptions, on_first: Callable[[], None]
+) -> AbstractContextManager[CompileReport]:
+    """numba's compilations inside the block, in the kernel modes (see cpu_kernels/compile_watch.py)."""
+    if not uses_kernels(options):
+        return HostSetup.watch_compiles(options, on_first)
+    from infer.engine.backends.cpu_kernels.compile_watch import watch_compiles as watch_numba
+
+    return watch_numba(on_first=on_first)
+
+
+class StepThreads:
+    """The kernels' thread count in the threads that run engine steps: a fixed count set in the
+    building thread and in the step thread, or (threads 0) a count adapted to the load before each
+    step (cpu_threads.py), or (threads None, or the `blas` mode) numba's own count, left alone."""
+
+    def __init__(self, options: BackendOptions) -> None:
+        kernels = uses_kernels(options)
+        self.fixed = options.threads if kernels and options.threads else None
+        """The count the user fixed, or None."""
+        self.adaptive: KernelThreads | None = (
+            KernelThreads.for_this_machine() if kernels and options.threads == 0 else None
+        )
+        """The controller that follows the load (threads 0 with the kernels), or None."""
+        if self.fixed is not None:
+            set_kernel_threads(self.fixed)  # for steps run in this thread
+
+    def prepare_thread(self) -> None:
+        """In the step thread: the fixed count (an adapted one is set before each step anyway)."""
+        if self.fixed is not None:
+            set_kernel_threads(self.fixed)
+
+    def prepare_step(self) -> None:
+        """Before each step: the count for the load now, when it adapts."""
+        if self.adaptive is not None:
+            self.adaptive.before_step()
