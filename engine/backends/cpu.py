@@ -17,7 +17,7 @@ import numpy as np
 from infer.engine.backends import cpu_setup
 from infer.engine.backends.attention import AttentionPlan, PrefillRun, causal_mask
 from infer.engine.backends.base import BackendOptions, Capabilities, CompileReport, HostSetup
-from infer.engine.backends.cpu_kernels.registry import QuantKernels
+from infer.engine.backends.cpu_kernels.registry import Quantize, QuantKernels, quantize_once
 from infer.engine.backends.cpu_memory import PAGE, adjacent_rows, contiguous_runs, madvise, read_only_file_map
 from infer.engine.backends.errors import BackendError
 from infer.engine.backends.kv_cache import KVCache
@@ -34,9 +34,8 @@ does: faster, approximate), `blas` (a float32 copy of every matrix through BLAS)
 KERNEL_ROWS = 64
 """Rows of x per kernel call. Kernels give each row the same bits whatever the rows beside it, so a
 longer x runs as consecutive groups of this many rows with no change to any row's result. Each call
-streams the whole matrix once: a 1B model's matrices (2-9 MB each) no longer stay in L2 between calls,
-and prefilling 128 tokens of the Llama 3.2 1B shape (Q4_K_M, int8) ran 1.17x faster with 64 rows a call
-than with 16 (2-core Zen 3, best of 3 interleaved); the default model's prefill showed no difference."""
+streams the whole matrix: with 64 rows, not 16, a 128-token prefill of the Llama 3.2 1B shape (Q4_K_M,
+int8) ran 1.17x faster (2-core Zen 3, best of 3 interleaved)."""
 
 ROW_ATTENTION_ROWS = 128
 """Longest run of one sequence whose rows attend through the row kernel in the kernel modes; longer
@@ -103,7 +102,7 @@ class CpuBackend(HostSetup):
         self._rowops: ModuleType | None = None
         """The numba row ops (cpu_kernels/rowops.py) in the kernel modes; None with `blas`, which
         imports no numba and keeps the numpy formulas."""
-        self._quantize: Callable[[np.ndarray], tuple[np.ndarray, ...]] | None = None
+        self._quantize: Quantize | None = None
         """quantize_activations (Q8_0) in the `int8` mode, else None: the quantizer of the int8 kernels
         that register none of their own (QuantKernels.quantize)."""
         if kernels == "blas":
@@ -235,7 +234,9 @@ class CpuBackend(HostSetup):
             return out
         parts = weight.parts if isinstance(weight, StackedWeight) else (weight,)
         out = np.empty((rows, weight.shape[0]), dtype=np.float32)
-        acts = self._int8_activations(x, parts)
+        acts = None
+        if self._quantize is not None:
+            acts = quantize_once(x, [p.kernels for p in parts], self._quantize)
         for lo in range(0, rows, KERNEL_ROWS):
             hi = min(lo + KERNEL_ROWS, rows)
             column = 0
@@ -256,21 +257,6 @@ class CpuBackend(HostSetup):
                     out[lo:hi, column : column + width] = target
                 column += width
         return out
-
-    def _int8_activations(
-        self, x: np.ndarray, parts: Sequence[BlockWeight]
-    ) -> dict[Callable[[np.ndarray], tuple[np.ndarray, ...]], tuple[np.ndarray, ...]] | None:
-        """x quantized once per activation quantizer the parts' int8 kernels read (Q8_0 for the legacy
-        types, Q8_K for the K-quants), or None outside the int8 mode or when a part has no int8 kernel
-        (then every part runs its exact kernel)."""
-        if self._quantize is None or any(p.kernels.matmul_int8 is None for p in parts):
-            return None
-        acts: dict[Callable[[np.ndarray], tuple[np.ndarray, ...]], tuple[np.ndarray, ...]] = {}
-        for part in parts:
-            quantize = part.kernels.quantize or self._quantize
-            if quantize not in acts:
-                acts[quantize] = quantize(x)
-        return acts
 
     def asarray(self, host: np.ndarray) -> np.ndarray:
         """Host data is already where the cpu backend computes."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,3 +40,19 @@ class QuantKernels:
     dequantize_rows: DequantizeRows
     quantize: Quantize | None = None
     """The activation quantizer `matmul_int8` reads; None: quantize_activations (per 32-block, Q8_0)."""
+
+
+def quantize_once(
+    x: np.ndarray, kernels: Sequence[QuantKernels], default: Quantize
+) -> dict[Quantize, tuple[np.ndarray, ...]] | None:
+    """x quantized once per activation quantizer that these kernels' int8 matmuls read (`default` for
+    those that name none), keyed by quantizer; None when one of them has no int8 matmul (then every
+    part of the product runs its exact kernel)."""
+    if any(k.matmul_int8 is None for k in kernels):
+        return None
+    acts: dict[Quantize, tuple[np.ndarray, ...]] = {}
+    for k in kernels:
+        quantize = k.quantize or default
+        if quantize not in acts:
+            acts[quantize] = quantize(x)
+    return acts
