@@ -100,6 +100,7 @@ def run_schemathesis(
         "--request-timeout",
         "60",
         "--no-color",
+        "--continue-on-failure",
         "--report",
         "json",
         "--report-json-path",

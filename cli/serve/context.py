@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from infer.cli.serve.bridge import EngineBridge
 from infer.cli.serve.errors import APIError
+from infer.cli.serve.schemas import INVALID_GRAMMAR, is_constraint_param
 from infer.engine.runtime.engine import Engine
 from infer.engine.runtime.request import Request, RequestError
 from infer.engine.runtime.stream import RequestStream
@@ -154,4 +155,31 @@ class ServeContext:
             return self.bridge.submit(requests)
         except RequestError as exc:
             param = prompt_param if exc.parameter == "prompt" else exc.parameter
-            raise APIError(str(exc), param=param) from None
+            code = INVALID_GRAMMAR if is_constraint_param(param) else None
+            raise APIError(str(exc), param=param, code=code) from None
+
+    async def start(
+        self, build: Callable[[], tuple[list[Request], int]], prompt_param: str
+    ) -> tuple[list[Request], int, list[RequestStream]]:
+        """Build a body's engine requests (`build`: its `to_requests`) and submit them, off the event
+        loop: the work that grows with a request (compiling its grammar, building its matcher and
+        sampler chain, a large `logit_bias`) never holds up another request's events or `/health`.
+        Returns (requests, seed, streams). A client that leaves meanwhile has them cancelled."""
+
+        def work() -> tuple[list[Request], int, list[RequestStream]]:
+            requests, seed = build()
+            return requests, seed, self.submit(requests, prompt_param)
+
+        future = asyncio.get_running_loop().run_in_executor(None, work)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(self._release_orphans)
+            raise
+
+    def _release_orphans(
+        self, future: asyncio.Future[tuple[list[Request], int, list[RequestStream]]]
+    ) -> None:
+        """Cancel the streams a submission made for a client that had already left."""
+        if not future.cancelled() and future.exception() is None:
+            self.bridge.release(future.result()[2])

@@ -65,7 +65,11 @@ def _param_of(loc: tuple[Any, ...]) -> str | None:
     parts = [str(p) for p in loc if p != "body"]
     # pydantic adds the union member's type name to the location ("function-after[...]", "str");
     # a client wants the field path only.
-    parts = [p for p in parts if not any(ch in p for ch in "[]()") and p not in _TYPE_NAMES]
+    parts = [
+        p
+        for p in parts
+        if not any(ch in p for ch in "[]()") and p not in _TYPE_NAMES and not p.startswith("constrained-")
+    ]
     return ".".join(parts) or None
 
 
@@ -104,6 +108,9 @@ def _first_required_field(request: Request) -> str | None:
 async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
+    # A list past its cap fails every member of a union (`stop`: a string, or a list of at most 16);
+    # the cap is what the client needs to hear, not that a list is not a string.
+    errors.sort(key=lambda e: not str(e.get("type", "")).endswith("too_long"))
     first = dict(errors[0]) if errors else {}
     if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
         # no body at all: name the field a client must send first
