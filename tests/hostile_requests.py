@@ -67,7 +67,7 @@ HOSTILE: dict[str, Hostile] = {
         {"input": "hi", "max_output_tokens": 8, "grammar": lark_chain(3000)},
         param="grammar",
         code="invalid_grammar",
-    ),  # fmt: skip
+    ),
     "gbnf_chain_10000": Hostile(
         CHAT, _chat(grammar=gbnf_chain(10_000)), param="grammar", code="invalid_grammar"
     ),
@@ -88,7 +88,7 @@ HOSTILE: dict[str, Hostile] = {
         {"prompt": "hi", "max_tokens": 4, "grammar": 'x ::= "a"'},
         param="grammar",
         code="invalid_grammar",
-    ),  # fmt: skip
+    ),
     "regex_bomb": Hostile(
         CHAT, _chat(grammar="start: /(a{1000}){1000}/"), param="grammar", code="invalid_grammar"
     ),
@@ -124,11 +124,11 @@ HOSTILE: dict[str, Hostile] = {
             "dry_sequence_breakers": [f"b{i}" for i in range(64)],
         },
         statuses=(200,),
-    ),  # fmt: skip
+    ),
     "samplers_32": Hostile(
         COMPLETIONS,
         {"prompt": "hi", "max_tokens": 8, "temperature": 0.8, "samplers": ["top_k"] * 32},
         statuses=(200,),
-    ),  # fmt: skip
+    ),
 }
 """Every hostile request, by name."""
