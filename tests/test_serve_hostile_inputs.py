@@ -203,3 +203,56 @@ def test_no_hostile_request_stalls_a_greedy_stream_beside_it(default_server: Ser
         assert seconds <= 2 * solo, "\n".join(report)
         assert max(watch.times, default=0.0) < HEALTH_BOUND_S, (name, watch.times)
     print(f"\nsolo {solo:.2f}s\n" + "\n".join(report))
+
+
+# -- item 6: the document describes streams as they are -----------------------------------------------
+def _events(http: httpx.Client, route: str, body: dict[str, Any]) -> list[dict[str, str]]:
+    """The Server-Sent Events of one streamed request, as `{"event", "data"}` (the default name is
+    `message`, as the SSE standard and schemathesis read it)."""
+    events, current = [], {}
+    with http.stream("POST", route, json=body) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith(
+            "text/event-stream"
+        )
+        for line in response.iter_lines():
+            if not line:
+                if "data" in current:
+                    events.append({"event": "message", **current})
+                current = {}
+                continue
+            field, _, value = line.partition(": ")
+            current[field] = value
+    return events
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True,
+                "stream_options": {"include_usage": True}, "logprobs": True}),
+        (COMPLETIONS, {"prompt": "hi", "max_tokens": 6, "stream": True, "n": 2}),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 6, "stream": True}),
+    ],
+)  # fmt: skip
+def test_every_streamed_event_matches_the_document(
+    http: httpx.Client, route: str, body: dict[str, Any]
+) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    document = http.get("/openapi.json").json()
+    schema = document["paths"][route]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    assert schema["type"] == "object" and "data" in schema["required"]
+    data_schema = schema["properties"]["data"]
+    json_schema = data_schema.get("else", data_schema)
+    assert json_schema["contentMediaType"] == "application/json"
+    payload_schema = {**json_schema["contentSchema"], "components": document["components"]}
+    events = _events(http, route, body)
+    assert len(events) > 3
+    for event in events:
+        jsonschema.validate({**event}, {**schema, "components": document["components"]})
+        if event["data"] == "[DONE]":
+            assert route != "/v1/responses"
+            continue
+        jsonschema.validate(json.loads(event["data"]), payload_schema)
+    # and a body the document does not describe would fail: the check can fail
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"id": 1}, payload_schema)
