@@ -8,6 +8,7 @@ finishes within 2x its solo time) on the default model, marked slow."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,9 @@ from hostile_requests import CHAT, COMPLETIONS, HOSTILE, Hostile
 
 from infer.cli.serve.launch import ServerProcess, start_server
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from soak import rss_mb
+
 pytest_plugins = ["conftest_synthetic"]
 
 GREEDY = {
@@ -30,14 +34,6 @@ GREEDY = {
     "return_token_ids": True,
 }
 HEALTH_BOUND_S = 1.0
-
-
-def _rss_mb(pid: int) -> float:
-    """The process's resident memory (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class HealthWatch:
@@ -85,58 +81,44 @@ def check_answer(case: Hostile, response: httpx.Response) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_gguf: Path) -> Iterator[ServerProcess]:
-    process = start_server(["-m", str(tiny_gguf), "-c", "128", "--max-num-seqs", "8", "--seed", "3"])
-    yield process
-    assert process.stop() == 0, process.stderr
-    assert "Traceback" not in process.stderr, process.stderr
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def solo_tokens(http: httpx.Client) -> list[int]:
-    return http.post(COMPLETIONS, json=GREEDY).json()["choices"][0]["token_ids"]
+def solo_tokens(tiny_http: httpx.Client) -> list[int]:
+    return tiny_http.post(COMPLETIONS, json=GREEDY).json()["choices"][0]["token_ids"]
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_a_hostile_request_is_answered_and_the_server_serves_on(
-    http: httpx.Client, server: ServerProcess, solo_tokens: list[int], name: str
+    tiny_http: httpx.Client, tiny_server: ServerProcess, solo_tokens: list[int], name: str
 ) -> None:
     case = HOSTILE[name]
-    assert server.url is not None
-    with HealthWatch(server.url) as watch:
-        response = http.post(case.route, json=case.body)
+    assert tiny_server.url is not None
+    with HealthWatch(tiny_server.url) as watch:
+        response = tiny_http.post(case.route, json=case.body)
     check_answer(case, response)
     assert not watch.failures and max(watch.times, default=0.0) < HEALTH_BOUND_S, watch.times
     started = time.monotonic()
-    assert http.get("/health").status_code == 200
+    assert tiny_http.get("/health").status_code == 200
     assert time.monotonic() - started < HEALTH_BOUND_S
-    assert http.post(COMPLETIONS, json=GREEDY).json()["choices"][0]["token_ids"] == solo_tokens
+    assert tiny_http.post(COMPLETIONS, json=GREEDY).json()["choices"][0]["token_ids"] == solo_tokens
 
 
 def test_a_hundred_thousand_messages_are_refused_fast_and_leave_no_memory(
-    http: httpx.Client, server: ServerProcess
+    tiny_http: httpx.Client, tiny_server: ServerProcess
 ) -> None:
     case = HOSTILE["messages_100000"]
-    http.post(case.route, json=case.body)  # the first one warms what any request allocates
-    before = _rss_mb(server.popen.pid)
+    tiny_http.post(case.route, json=case.body)  # the first one warms what any request allocates
+    before = rss_mb(tiny_server.popen.pid)
     for _ in range(3):
         started = time.monotonic()
-        check_answer(case, http.post(case.route, json=case.body))
+        check_answer(case, tiny_http.post(case.route, json=case.body))
         assert time.monotonic() - started < 3.0
-    grown = _rss_mb(server.popen.pid) - before
+    grown = rss_mb(tiny_server.popen.pid) - before
     assert grown < 100, f"RSS grew {grown:.0f} MB"
 
 
-def test_streamed_hostile_grammars_are_refused_before_the_stream(http: httpx.Client) -> None:
+def test_streamed_hostile_grammars_are_refused_before_the_stream(tiny_http: httpx.Client) -> None:
     for name in ("regex_bomb", "no_root_rule", "defs_chain_1000"):
         case = HOSTILE[name]
-        check_answer(case, http.post(case.route, json={**case.body, "stream": True}))
+        check_answer(case, tiny_http.post(case.route, json={**case.body, "stream": True}))
 
 
 # -- the stall test, on the default model --------------------------------------------------------------
@@ -235,17 +217,17 @@ def _events(http: httpx.Client, route: str, body: dict[str, Any]) -> list[dict[s
     ],
 )  # fmt: skip
 def test_every_streamed_event_matches_the_document(
-    http: httpx.Client, route: str, body: dict[str, Any]
+    tiny_http: httpx.Client, route: str, body: dict[str, Any]
 ) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    document = http.get("/openapi.json").json()
+    document = tiny_http.get("/openapi.json").json()
     schema = document["paths"][route]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
     assert schema["type"] == "object" and "data" in schema["required"]
     data_schema = schema["properties"]["data"]
     json_schema = data_schema.get("else", data_schema)
     assert json_schema["contentMediaType"] == "application/json"
     payload_schema = {**json_schema["contentSchema"], "components": document["components"]}
-    events = _events(http, route, body)
+    events = _events(tiny_http, route, body)
     assert len(events) > 3
     for event in events:
         jsonschema.validate({**event}, {**schema, "components": document["components"]})

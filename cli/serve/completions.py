@@ -185,16 +185,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     ids = await ctx.chat_prompt(body.chat_messages())
     completion_id = new_id("chatcmpl-")
     _, seed, streams = await ctx.start(
-        lambda: body.to_requests(
-            [ids],
-            ctx.settings,
-            ctx_size=ctx.ctx_size,
-            vocab_size=ctx.vocab_size,
-            choices=body.n,
-            id_prefix=completion_id,
-            prompt_param="messages",
-        ),
-        "messages",
+        body, [ids], choices=body.n, id_prefix=completion_id, prompt_param="messages"
     )
     head = {
         "id": completion_id,
@@ -305,16 +296,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     ids = [await ctx.text_prompt(p) for p in prompts]
     completion_id = new_id("cmpl-")
     _, seed, streams = await ctx.start(
-        lambda: body.to_requests(
-            ids,
-            ctx.settings,
-            ctx_size=ctx.ctx_size,
-            vocab_size=ctx.vocab_size,
-            choices=body.n,
-            id_prefix=completion_id,
-            prompt_param="prompt",
-        ),
-        "prompt",
+        body, ids, choices=body.n, id_prefix=completion_id, prompt_param="prompt"
     )
     tokenizer = ctx.engine.tokenizer
     echoes = [

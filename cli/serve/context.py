@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from infer.cli.serve.bridge import EngineBridge
 from infer.cli.serve.errors import APIError
-from infer.cli.serve.schemas import INVALID_GRAMMAR, is_constraint_param
+from infer.cli.serve.schemas import INVALID_GRAMMAR, Generation, is_constraint_param
 from infer.engine.runtime.engine import Engine
 from infer.engine.runtime.request import Request, RequestError
 from infer.engine.runtime.stream import RequestStream
@@ -159,15 +159,30 @@ class ServeContext:
             raise APIError(str(exc), param=param, code=code) from None
 
     async def start(
-        self, build: Callable[[], tuple[list[Request], int]], prompt_param: str
+        self,
+        body: Generation,
+        prompts: Sequence[Sequence[int]],
+        *,
+        choices: int,
+        id_prefix: str,
+        prompt_param: str,
     ) -> tuple[list[Request], int, list[RequestStream]]:
-        """Build a body's engine requests (`build`: its `to_requests`) and submit them, off the event
-        loop: the work that grows with a request (compiling its grammar, building its matcher and
-        sampler chain, a large `logit_bias`) never holds up another request's events or `/health`.
-        Returns (requests, seed, streams). A client that leaves meanwhile has them cancelled."""
+        """Build `body`'s engine requests for `prompts` (its `to_requests`) and submit them, off the
+        event loop: the work that grows with a request (compiling its grammar, building its matcher
+        and sampler chain, a large `logit_bias`) never holds up another request's events or
+        `/health`. Returns (requests, seed, streams); a client that leaves meanwhile has them
+        cancelled."""
 
         def work() -> tuple[list[Request], int, list[RequestStream]]:
-            requests, seed = build()
+            requests, seed = body.to_requests(
+                prompts,
+                self.settings,
+                ctx_size=self.ctx_size,
+                vocab_size=self.vocab_size,
+                choices=choices,
+                id_prefix=id_prefix,
+                prompt_param=prompt_param,
+            )
             return requests, seed, self.submit(requests, prompt_param)
 
         future = asyncio.get_running_loop().run_in_executor(None, work)

@@ -90,10 +90,20 @@ def _describe(error: dict[str, Any]) -> str:
         if error.get("type") in ("model_attributes_type", "dict_type", "model_type"):
             return "the request body must be a JSON object (Content-Type: application/json)"
         return message
-    shown = repr(error["input"]) if "input" in error and error.get("type") != "missing" else None
-    if shown is not None and len(shown) > 80:
-        shown = shown[:77] + "..."
+    shown = _shown(error["input"]) if "input" in error and error.get("type") != "missing" else None
     return f"{param}: {message}" + (f" (got {shown})" if shown is not None else "")
+
+
+def _shown(value: Any) -> str:
+    """`value` as the message quotes it, at most 80 characters, made in time independent of its size
+    (the repr of a 100,000-item list alone would hold up the event loop)."""
+    if isinstance(value, (list, tuple, dict)) and len(value) > 8:
+        kind = "an object" if isinstance(value, dict) else "a list"
+        return f"{kind} of {len(value)} items"
+    if isinstance(value, (str, bytes)) and len(value) > 80:
+        value = value[:80]
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def _first_required_field(request: Request) -> str | None:

@@ -125,16 +125,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     ids = await ctx.chat_prompt(body.chat_messages(), param="input")
     response_id = new_id("resp_")
     requests, seed, streams = await ctx.start(
-        lambda: body.to_requests(
-            [ids],
-            ctx.settings,
-            ctx_size=ctx.ctx_size,
-            vocab_size=ctx.vocab_size,
-            choices=1,
-            id_prefix=response_id,
-            prompt_param="input",
-        ),
-        "input",
+        body, [ids], choices=1, id_prefix=response_id, prompt_param="input"
     )
     builder = _ResponseBuilder(response_id, ctx, body, requests[0].sampling, seed)
     formatter = LogprobFormatter(ctx.engine.tokenizer) if body.wants_logprobs() else None

@@ -9,16 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from infer.cli.serve.errors import APIError
 from infer.cli.serve.limits import MAX_CONTENT_PARTS, MAX_INCLUDE, MAX_MESSAGES, MAX_METADATA, MAX_TOOLS
-from infer.cli.serve.schemas import BodyModel, Generation, ResponseFormat
+from infer.cli.serve.schemas import BodyModel, ContentPart, Generation, ResponseFormat
 from infer.engine.grammar import GrammarSpec
 
 
-class InputPart(BaseModel):
+class InputPart(ContentPart):
     """A content part of a Responses input message (`input_text`, or `output_text` of a past turn)."""
-
-    model_config = ConfigDict(extra="allow")
-    type: StrictStr
-    text: Optional[StrictStr] = None
 
 
 class InputItem(BaseModel):
