@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,11 @@ class ServeContext:
     bridge: EngineBridge = field(init=False)
     sandbox: TemplateSandbox = field(default_factory=TemplateSandbox)
     """The chat-template worker: started with the app, killed when a render runs past its time."""
+    compiles: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-compile")
+    )
+    """Where a body's grammar compiles (waiting on the one compile worker): apart from the event
+    loop's default threads, so requests that wait for hostile grammars never delay the ones without."""
     created: int = field(default_factory=lambda: int(time.time()))
     """When the model was loaded (the /v1/models `created` field)."""
 
@@ -173,6 +179,10 @@ class ServeContext:
         `/health`. Returns (requests, seed, streams); a client that leaves meanwhile has them
         cancelled."""
 
+        loop = asyncio.get_running_loop()
+        if body.has_constraint():
+            await loop.run_in_executor(self.compiles, body.grammar_spec)  # kept by the body
+
         def work() -> tuple[list[Request], int, list[RequestStream]]:
             requests, seed = body.to_requests(
                 prompts,
@@ -185,7 +195,7 @@ class ServeContext:
             )
             return requests, seed, self.submit(requests, prompt_param)
 
-        future = asyncio.get_running_loop().run_in_executor(None, work)
+        future = loop.run_in_executor(None, work)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:

@@ -85,6 +85,11 @@ class ResponsesRequest(Generation):
         """`text.format` type text."""
         return self.text is not None and self.text.format is not None and self.text.format.type == "text"
 
+    def format_spec_given(self) -> bool:
+        """`text.format` other than text."""
+        fmt = self.text.format if self.text is not None else None
+        return fmt is not None and fmt.type != "text"
+
     def chat_messages(self) -> list[dict[str, Any]]:
         """`instructions` and `input` as chat messages. Raises APIError for a non-message item."""
         messages: list[dict[str, Any]] = []

@@ -180,6 +180,14 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         an output constraint (`--json-schema`, ...), as an explicit field outranks a server default."""
         return False
 
+    def has_constraint(self) -> bool:
+        """Whether the body asks for an output constraint of its own (one to compile)."""
+        return self.json_schema is not None or self.grammar is not None or self.format_spec_given()
+
+    def format_spec_given(self) -> bool:
+        """Whether the route's own format field asks for a constraint (not free text)."""
+        return False
+
     _grammar: Any = PrivateAttr(default=None)
     """`grammar_spec()`'s result once made (compiling is the costly part of a request's checks)."""
 
@@ -482,6 +490,10 @@ class ChatCompletionRequest(Generation):
     def asks_free_text(self) -> bool:
         """`response_format` type text."""
         return self.response_format is not None and self.response_format.type == "text"
+
+    def format_spec_given(self) -> bool:
+        """`response_format` other than text."""
+        return self.response_format is not None and self.response_format.type != "text"
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The messages as plain dicts for the chat template."""
