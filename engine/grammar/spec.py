@@ -105,12 +105,15 @@ class GrammarSpec:
         return self._grammar  # type: ignore[attr-defined,no-any-return]
 
     def describe(self) -> str:
-        """A short label for messages and stats: `regex /[0-9]+/`, `json_schema`, ..."""
+        """A short label for messages and stats: `regex /[0-9]+/`, `json_schema`, ... (at most ~70
+        characters: a long pattern or choice list is cut)."""
         if self.kind == "regex":
-            return f"regex /{self.source}/"
-        if self.kind == "choice":
-            return f"choice {list(self.choices)}"
-        return self.kind
+            label = f"regex /{self.source}/"
+        elif self.kind == "choice":
+            label = f"choice {list(self.choices)}"
+        else:
+            return self.kind
+        return label if len(label) <= 70 else label[:67] + "..."
 
     def _check_bounds(self) -> None:
         """GrammarError if the source is larger or deeper than `limits.py` allows."""
