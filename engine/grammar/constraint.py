@@ -146,8 +146,9 @@ class Constraint:
         if not 0 <= n <= self.consumed:
             raise ValueError(f"cannot roll back {n} tokens, only {self.consumed} were consumed")
         if n and not self._matcher.rollback(n):
+            # the engine's bookkeeping, not the grammar, is at fault: no parameter to blame
             raise GrammarViolationError(
-                f"rollback of {n} tokens failed: {one_line(self._matcher.get_error())}", self.spec.parameter
+                f"rollback of {n} tokens failed: {one_line(self._matcher.get_error())}"
             )
         self.consumed -= n
 
