@@ -2,10 +2,14 @@
 """Fuzz `infer serve` with schemathesis: every route, every check, from the server's own OpenAPI document.
 
 Starts `infer serve` on 127.0.0.1 (a given model, or a tiny synthetic one built on the spot), runs
-`schemathesis run --checks all` against it with a fixed seed and example budget, and prints the
-failures by check. Exit 1 when a *gated* check failed (the four issue 19 names: a 5xx, a status, a
-content type or a body the document does not describe), or when the server logged a traceback;
-other checks (schema-valid bodies the server refuses on purpose, ...) are reported, not gated.
+`schemathesis run --checks all --continue-on-failure` against it with a fixed seed and example
+budget, and prints the failures by check. Every response is checked against the document, streamed
+ones event by event (the document describes each Server-Sent Event's JSON). `--continue-on-failure`
+keeps each route's fuzzing going past its first failure, so one ungated finding (a schema-valid body
+the server refuses on purpose, ST202) cannot end a route's fuzzing before a request succeeds. Exit 1
+when a *gated* check failed (the four issue 19 names: a 5xx, a status, a content type or a body the
+document does not describe), when the server logged a traceback, or when it did not exit cleanly;
+other checks are reported, not gated.
 
     python scripts/fuzz_serve.py                              # the long run: 1000 examples per route
     python scripts/fuzz_serve.py --max-examples 40            # what CI runs (tests/test_serve_fuzz.py)
@@ -35,8 +39,8 @@ GATED_CHECKS = (
 """The checks a run must pass with 0 failures (issue 19's acceptance)."""
 
 
-def gated_codes() -> frozenset[str]:
-    """Schemathesis failure codes (`ST101`, ...) that the gated checks report, read from its classes."""
+def codes_for(check_names: tuple[str, ...]) -> frozenset[str]:
+    """Schemathesis failure codes (`ST101`, ...) that these checks report, read from its classes."""
     import schemathesis.openapi.checks  # noqa: F401 -- defines the OpenAPI failure classes
     from schemathesis.core.failures import Failure
 
@@ -46,9 +50,14 @@ def gated_codes() -> frozenset[str]:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
         checks = getattr(cls, "checks", ())
-        if isinstance(checks, tuple) and set(checks) & set(GATED_CHECKS) and isinstance(cls.code, str):
+        if isinstance(checks, tuple) and set(checks) & set(check_names) and isinstance(cls.code, str):
             codes.add(cls.code)
     return frozenset(codes)
+
+
+def gated_codes() -> frozenset[str]:
+    """The failure codes of the gated checks."""
+    return codes_for(GATED_CHECKS)
 
 
 @dataclass
@@ -67,6 +76,10 @@ class FuzzResult:
     def ok(self) -> bool:
         """No gated failure, no traceback in the server's log."""
         return not self.gated_failures and self.server_tracebacks == 0
+
+    def count(self, *codes: str) -> int:
+        """How many failures of these schemathesis codes were found."""
+        return sum(int(f.get("count", 1) or 1) for f in self.failures if f.get("code") in codes)
 
 
 def tiny_model(folder: Path) -> Path:
@@ -100,6 +113,7 @@ def run_schemathesis(
         "--request-timeout",
         "60",
         "--no-color",
+        "--continue-on-failure",
         "--report",
         "json",
         "--report-json-path",
@@ -163,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     for error in result.errors:
         print(f"  schemathesis error: {str(error)[:200]}")
     print(f"server: exit {status}, {result.server_tracebacks} tracebacks in its log")
+    print(
+        f"summary: {result.generated} cases, {result.count(*codes_for(('not_a_server_error',)))} x 5xx, "
+        f"{result.count(*codes_for(('response_schema_conformance',)))} response-schema violations, "
+        f"{len(result.gated_failures)} gated failures, {len(result.errors)} schemathesis errors, "
+        f"server {'crashed' if status not in (0, None) else 'exited 0'}"
+    )
     return 0 if result.ok and status == 0 else 1
 
 

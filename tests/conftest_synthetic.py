@@ -12,9 +12,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from synthetic import TinyModel, write_tiny_model
 from threadpoolctl import threadpool_limits
+
+from infer.cli.serve.launch import ServerProcess, start_server
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +64,20 @@ def single_blas_thread() -> Iterator[None]:
     """
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_gguf: Path) -> Iterator[ServerProcess]:
+    """`infer serve` on the tiny model (a 128-token context, 8 sequences, seed 3) for one module; it
+    must exit 0 with no traceback in its log."""
+    process = start_server(["-m", str(tiny_gguf), "-c", "128", "--max-num-seqs", "8", "--seed", "3"])
+    yield process
+    assert process.stop() == 0, process.stderr
+    assert "Traceback" not in process.stderr, process.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_http(tiny_server: ServerProcess) -> Iterator[httpx.Client]:
+    """An HTTP client for `tiny_server`."""
+    with httpx.Client(base_url=tiny_server.url, timeout=120) as client:
+        yield client

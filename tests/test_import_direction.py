@@ -35,6 +35,8 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
         (),
     ),
     ("infer.engine.speculative", ("infer.engine.runtime",), ()),
+    # worker processes run handler files by path, without `infer`: the mechanism depends on nothing
+    ("infer.engine.workers", ("infer",), ("infer.engine.workers",)),
 )
 """Who may not import what."""
 

@@ -50,17 +50,13 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_gguf: Path) -> Iterator[ServerProcess]:
-    process = start_server(["-m", str(tiny_gguf), "-c", "128", "--max-num-seqs", "8", "--seed", "3"])
-    yield process
-    assert process.stop() == 0, process.stderr
-    assert "Traceback" not in process.stderr, process.stderr
+def server(tiny_server: ServerProcess) -> ServerProcess:
+    return tiny_server
 
 
 @pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
+def http(tiny_http: httpx.Client) -> httpx.Client:
+    return tiny_http
 
 
 def _error(response: httpx.Response, status: int, param: str | None) -> dict[str, Any]:

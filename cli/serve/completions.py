@@ -21,7 +21,12 @@ from fastapi.responses import JSONResponse, Response
 from infer.cli.serve.bridge import RETRY_AFTER, SHUTDOWN_MESSAGE, until_disconnect
 from infer.cli.serve.context import ServeContext, new_id
 from infer.cli.serve.errors import SERVER_ERROR, APIError, error_body
-from infer.cli.serve.schemas import ChatCompletionRequest, CompletionRequest
+from infer.cli.serve.schemas import (
+    INVALID_GRAMMAR,
+    ChatCompletionRequest,
+    CompletionRequest,
+    is_constraint_param,
+)
 from infer.cli.serve.sse import DONE, SSEResponse, finite_or_none, sse_data
 from infer.engine import DoneEvent, RequestStream, TokenEvent, Tokenizer, merge_spec_counters, spec_summary
 
@@ -68,8 +73,9 @@ async def run_whole(
 def failure_error(ctx: ServeContext, done: DoneEvent) -> APIError | None:
     """The APIError a failed or cancelled request answers with (None when it finished normally)."""
     if done.finish_reason == "error":
-        if done.error_param is not None:  # the request's own settings left nothing to sample: its fault
-            return APIError(done.error or "generation failed", param=done.error_param, code="sampling_failed")
+        if done.error_param is not None:  # the request's own settings or grammar failed: its fault
+            code = INVALID_GRAMMAR if is_constraint_param(done.error_param) else "sampling_failed"
+            return APIError(done.error or "generation failed", param=done.error_param, code=code)
         return APIError(done.error or "generation failed", status=500, type=SERVER_ERROR, code="engine_error")
     if done.finish_reason == "cancelled":
         message = SHUTDOWN_MESSAGE if ctx.bridge.shutting_down else "the request was cancelled"
@@ -175,16 +181,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     body.check_supported()
     ids = await ctx.chat_prompt(body.chat_messages())
     completion_id = new_id("chatcmpl-")
-    requests, seed = body.to_requests(
-        [ids],
-        ctx.settings,
-        ctx_size=ctx.ctx_size,
-        vocab_size=ctx.vocab_size,
-        choices=body.n,
-        id_prefix=completion_id,
-        prompt_param="messages",
+    _, seed, streams = await ctx.start(
+        body, [ids], choices=body.n, id_prefix=completion_id, prompt_param="messages"
     )
-    streams = ctx.submit(requests, "messages")
     head = {
         "id": completion_id,
         "created": int(time.time()),
@@ -293,16 +292,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise APIError("prompt must not be empty", param="prompt")
     ids = [await ctx.text_prompt(p) for p in prompts]
     completion_id = new_id("cmpl-")
-    requests, seed = body.to_requests(
-        ids,
-        ctx.settings,
-        ctx_size=ctx.ctx_size,
-        vocab_size=ctx.vocab_size,
-        choices=body.n,
-        id_prefix=completion_id,
-        prompt_param="prompt",
+    _, seed, streams = await ctx.start(
+        body, ids, choices=body.n, id_prefix=completion_id, prompt_param="prompt"
     )
-    streams = ctx.submit(requests, "prompt")
     tokenizer = ctx.engine.tokenizer
     echoes = [
         (p if isinstance(p, str) else tokenizer.decode(p)) if body.echo else ""

@@ -7,11 +7,13 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from infer.cli.serve.bridge import EngineBridge
 from infer.cli.serve.errors import APIError
+from infer.cli.serve.schemas import INVALID_GRAMMAR, Generation, is_constraint_param
 from infer.engine import (
     ChatTemplateError,
     Engine,
@@ -75,6 +77,11 @@ class ServeContext:
     bridge: EngineBridge = field(init=False)
     sandbox: TemplateSandbox = field(default_factory=TemplateSandbox)
     """The chat-template worker: started with the app, killed when a render runs past its time."""
+    compiles: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-compile")
+    )
+    """Where a body's grammar compiles (waiting on the one compile worker): apart from the event
+    loop's default threads, so requests that wait for hostile grammars never delay the ones without."""
     created: int = field(default_factory=lambda: int(time.time()))
     """When the model was loaded (the /v1/models `created` field)."""
 
@@ -157,4 +164,50 @@ class ServeContext:
             return self.bridge.submit(requests)
         except RequestError as exc:
             param = prompt_param if exc.parameter == "prompt" else exc.parameter
-            raise APIError(str(exc), param=param) from None
+            code = INVALID_GRAMMAR if is_constraint_param(param) else None
+            raise APIError(str(exc), param=param, code=code) from None
+
+    async def start(
+        self,
+        body: Generation,
+        prompts: Sequence[Sequence[int]],
+        *,
+        choices: int,
+        id_prefix: str,
+        prompt_param: str,
+    ) -> tuple[list[Request], int, list[RequestStream]]:
+        """Build `body`'s engine requests for `prompts` (its `to_requests`) and submit them, off the
+        event loop: the work that grows with a request (compiling its grammar, building its matcher
+        and sampler chain, a large `logit_bias`) never holds up another request's events or
+        `/health`. Returns (requests, seed, streams); a client that leaves meanwhile has them
+        cancelled."""
+
+        loop = asyncio.get_running_loop()
+        if body.has_constraint():
+            await loop.run_in_executor(self.compiles, body.grammar_spec)  # kept by the body
+
+        def work() -> tuple[list[Request], int, list[RequestStream]]:
+            requests, seed = body.to_requests(
+                prompts,
+                self.settings,
+                ctx_size=self.ctx_size,
+                vocab_size=self.vocab_size,
+                choices=choices,
+                id_prefix=id_prefix,
+                prompt_param=prompt_param,
+            )
+            return requests, seed, self.submit(requests, prompt_param)
+
+        future = loop.run_in_executor(None, work)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(self._release_orphans)
+            raise
+
+    def _release_orphans(
+        self, future: asyncio.Future[tuple[list[Request], int, list[RequestStream]]]
+    ) -> None:
+        """Cancel the streams a submission made for a client that had already left."""
+        if not future.cancelled() and future.exception() is None:
+            self.bridge.release(future.result()[2])

@@ -65,7 +65,11 @@ def _param_of(loc: tuple[Any, ...]) -> str | None:
     parts = [str(p) for p in loc if p != "body"]
     # pydantic adds the union member's type name to the location ("function-after[...]", "str");
     # a client wants the field path only.
-    parts = [p for p in parts if not any(ch in p for ch in "[]()") and p not in _TYPE_NAMES]
+    parts = [
+        p
+        for p in parts
+        if not any(ch in p for ch in "[]()") and p not in _TYPE_NAMES and not p.startswith("constrained-")
+    ]
     return ".".join(parts) or None
 
 
@@ -86,10 +90,20 @@ def _describe(error: dict[str, Any]) -> str:
         if error.get("type") in ("model_attributes_type", "dict_type", "model_type"):
             return "the request body must be a JSON object (Content-Type: application/json)"
         return message
-    shown = repr(error["input"]) if "input" in error and error.get("type") != "missing" else None
-    if shown is not None and len(shown) > 80:
-        shown = shown[:77] + "..."
+    shown = _shown(error["input"]) if "input" in error and error.get("type") != "missing" else None
     return f"{param}: {message}" + (f" (got {shown})" if shown is not None else "")
+
+
+def _shown(value: Any) -> str:
+    """`value` as the message quotes it, at most 80 characters, made in time independent of its size
+    (the repr of a 100,000-item list alone would hold up the event loop)."""
+    if isinstance(value, (list, tuple, dict)) and len(value) > 8:
+        kind = "an object" if isinstance(value, dict) else "a list"
+        return f"{kind} of {len(value)} items"
+    if isinstance(value, (str, bytes)) and len(value) > 80:
+        value = value[:80]
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def _first_required_field(request: Request) -> str | None:
@@ -104,6 +118,9 @@ def _first_required_field(request: Request) -> str | None:
 async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
+    # A list past its cap fails every member of a union (`stop`: a string, or a list of at most 16);
+    # the cap is what the client needs to hear, not that a list is not a string.
+    errors.sort(key=lambda e: not str(e.get("type", "")).endswith("too_long"))
     first = dict(errors[0]) if errors else {}
     if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
         # no body at all: name the field a client must send first

@@ -5,6 +5,11 @@ never sends (validation problems are 400, see errors.py). `install_openapi(app)`
 the 200 body model of each route (JSON, or `text/event-stream` when the body asks for `stream`), the
 OpenAI error body for every error status a route can answer, and `minimum`/`maximum` (or the
 exclusive forms) on every bounded sampler field, taken from `SamplingParams`' own ranges.
+
+A stream is described as OpenAPI 3.1 describes Server-Sent Events: the `text/event-stream` schema
+is that of one event (`{"event", "data", "id", "retry"}`), and `data` is JSON
+(`contentMediaType`) of the route's chunk or event model, an error body, or chat/completions'
+`[DONE]`; schemathesis checks every event against it.
 """
 
 from __future__ import annotations
@@ -106,6 +111,40 @@ class ResponseObject(_Open):
     usage: Optional[dict[str, Any]]
 
 
+class ChunkChoice(_Open):
+    """One choice of a stream chunk: `delta` (chat) or `text` (completions)."""
+
+    index: int
+    finish_reason: Optional[str]
+
+
+class ChatCompletionChunk(_Open):
+    """One `chat.completion.chunk` of a chat stream (the usage chunk has no choices)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+
+
+class CompletionChunk(_Open):
+    """One `text_completion` chunk of a completions stream."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+
+
+class ResponseStreamEvent(_Open):
+    """One typed event of a Responses stream (`response.output_text.delta`, ..., `error`)."""
+
+    type: str
+    sequence_number: int
+
+
 class ModelCard(_Open):
     """One model."""
 
@@ -153,6 +192,12 @@ _GENERATION: dict[str, type[BaseModel]] = {
     "/v1/completions": Completion,
     "/v1/responses": ResponseObject,
 }
+_STREAMED: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatCompletionChunk,
+    "/v1/completions": CompletionChunk,
+    "/v1/responses": ResponseStreamEvent,
+}
+"""What each `data:` line of a route's stream holds (besides an error body and `[DONE]`)."""
 _READS: dict[str, type[BaseModel]] = {
     "/v1/models": ModelList,
     "/v1/models/{model}": ModelCard,
@@ -201,6 +246,28 @@ def _document_ranges(schemas: dict[str, Any]) -> None:
                     values.update({"minimum": -LOGIT_BIAS_LIMIT, "maximum": LOGIT_BIAS_LIMIT})
 
 
+def _event_schema(path: str) -> dict[str, Any]:
+    """One Server-Sent Event of `path`'s stream: `data` is `[DONE]` (chat and completions, whose
+    events are unnamed) or JSON of the route's chunk model or an error body."""
+    json_data = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [_ref(_STREAMED[path]), _ref(ErrorResponse)]},
+    }
+    named = path == "/v1/responses"
+    data = json_data if named else {"if": {"const": "[DONE]"}, "then": {"type": "string"}, "else": json_data}
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "event": {"type": "string"} if named else {"const": "message"},
+            "data": data,
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+    }
+
+
 def _responses_for(path: str, method: str) -> dict[str, Any]:
     responses: dict[str, Any] = {}
     if path in _GENERATION:
@@ -208,7 +275,7 @@ def _responses_for(path: str, method: str) -> dict[str, Any]:
             "description": "The whole result, or Server-Sent Events when the body sets `stream`.",
             "content": {
                 "application/json": {"schema": _ref(_GENERATION[path])},
-                "text/event-stream": {"schema": {"type": "string"}},
+                "text/event-stream": {"schema": _event_schema(path)},
             },
         }
         statuses = ["400", "401", "404", "405", "413", "500", "503"]
@@ -259,7 +326,18 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         schemas.pop(phantom, None)
     _add_models(
         schemas,
-        [ErrorResponse, ChatCompletion, Completion, ResponseObject, ModelList, ModelCard, Health],
+        [
+            ErrorResponse,
+            ChatCompletion,
+            Completion,
+            ResponseObject,
+            ChatCompletionChunk,
+            CompletionChunk,
+            ResponseStreamEvent,
+            ModelList,
+            ModelCard,
+            Health,
+        ],
     )
     _document_ranges(schemas)
     for path, operations in document.get("paths", {}).items():

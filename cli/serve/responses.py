@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from infer.cli.serve.completions import LogprobFormatter, failure_error, run_whole, speculation_of
 from infer.cli.serve.context import ServeContext, new_id
-from infer.cli.serve.schemas import ResponsesRequest
+from infer.cli.serve.responses_schema import ResponsesRequest
 from infer.cli.serve.sse import SSEResponse, sse_event
 from infer.engine import DoneEvent, RequestStream, SamplingParams, TokenEvent
 
@@ -122,16 +122,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     body.check_supported()
     ids = await ctx.chat_prompt(body.chat_messages(), param="input")
     response_id = new_id("resp_")
-    requests, seed = body.to_requests(
-        [ids],
-        ctx.settings,
-        ctx_size=ctx.ctx_size,
-        vocab_size=ctx.vocab_size,
-        choices=1,
-        id_prefix=response_id,
-        prompt_param="input",
+    requests, seed, streams = await ctx.start(
+        body, [ids], choices=1, id_prefix=response_id, prompt_param="input"
     )
-    streams = ctx.submit(requests, "input")
     builder = _ResponseBuilder(response_id, ctx, body, requests[0].sampling, seed)
     formatter = LogprobFormatter(ctx.engine.tokenizer) if body.wants_logprobs() else None
     if body.stream:

@@ -14,9 +14,28 @@ import types
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    create_model,
+)
 
 from infer.cli.serve.errors import APIError
+from infer.cli.serve.request_caps import (
+    LIST_CAPS,
+    MAX_CONTENT_PARTS,
+    MAX_MESSAGES,
+    MAX_PROMPT_TOKEN_IDS,
+    MAX_PROMPTS,
+    MAX_TOOLS,
+    STRING_CAPS,
+)
 from infer.engine import (
     VALID_ROLES,
     GrammarError,
@@ -37,28 +56,52 @@ StrictFloat = Annotated[float, Strict()]
 
 _SEED_SPACE = 1 << 64
 
+INVALID_GRAMMAR = "invalid_grammar"
+"""The error code of a refused output constraint (a bad, too large or too deep schema or grammar)."""
 
-class _Body(BaseModel):
-    # OpenAI ignores fields it does not know; so do we (a client may send newer fields).
+_CONSTRAINT_FIELDS = frozenset(
+    {"json_schema", "grammar", "response_format", "text", "regex", "choice", "json_object"}
+)
+
+
+def is_constraint_param(param: str | None) -> bool:
+    """Whether an error's `param` names an output constraint (`response_format.json_schema.schema`)."""
+    return param is not None and param.split(".")[0] in _CONSTRAINT_FIELDS
+
+
+class BodyModel(BaseModel):
+    """The base of every body model: OpenAI ignores fields it does not know; so do we (a client may
+    send newer fields)."""
+
     model_config = ConfigDict(extra="ignore")
 
 
-def _strict(annotation: Any) -> Any:
-    """The profile schema's type with every scalar made strict (no "1.5" -> 1.5 coercion)."""
+def _strict(annotation: Any, name: str = "") -> Any:
+    """The profile schema's type with every scalar made strict (no "1.5" -> 1.5 coercion), and the
+    list of a capped field (`LIST_CAPS`, `STRING_CAPS`) bounded."""
     scalars = {float: StrictFloat, int: StrictInt, str: StrictStr, bool: StrictBool}
     if annotation in scalars:
         return scalars[annotation]
     origin = get_origin(annotation)
     if origin in (Union, types.UnionType):
-        return Union[tuple(_strict(a) for a in get_args(annotation))]
+        return Union[tuple(_strict(a, name) for a in get_args(annotation))]
     if origin is list:
-        return list[_strict(get_args(annotation)[0])]  # type: ignore[misc]
+        return capped_list(_strict(get_args(annotation)[0]), name)
     return annotation
+
+
+def capped_list(item: Any, name: str) -> Any:
+    """`list[item]`, with at most `LIST_CAPS[name]` items of at most `STRING_CAPS[name]` characters."""
+    if name in STRING_CAPS:
+        item = Annotated[item, Field(max_length=STRING_CAPS[name])]
+    if name in LIST_CAPS:
+        return Annotated[list[item], Field(max_length=LIST_CAPS[name])]  # type: ignore[valid-type]
+    return list[item]  # type: ignore[valid-type]
 
 
 def _sampler_fields() -> dict[str, Any]:
     fields: dict[str, Any] = {
-        name: (Optional[_strict(info.annotation)], Field(None, description=info.description))
+        name: (Optional[_strict(info.annotation, name)], Field(None, description=info.description))
         for name, info in SamplerSection.model_fields.items()
     }
     fields["logit_bias"] = (
@@ -89,7 +132,7 @@ def _speculative_fields() -> dict[str, Any]:
 
 _SamplerFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
     "SamplerFields",
-    __base__=_Body,
+    __base__=BodyModel,
     __doc__="Sampler fields; omitted ones use the profile's defaults.",
     **_sampler_fields(),
     **_speculative_fields(),
@@ -106,7 +149,7 @@ def _bans_every_token(params: SamplingParams, vocab_size: int) -> bool:
     return len(bias) >= vocab_size and all(b == float("-inf") for b in bias.values())
 
 
-class StreamOptions(_Body):
+class StreamOptions(BodyModel):
     """`stream_options`: ask for a last chunk carrying usage."""
 
     include_usage: StrictBool = False
@@ -120,9 +163,9 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
     )
     stream: StrictBool = Field(False, description="Send Server-Sent Events as tokens are sampled.")
     stream_options: Optional[StreamOptions] = None
-    stop: Optional[Union[StrictStr, list[StrictStr]]] = Field(
-        None, description="Stop strings (the stop text is not returned)."
-    )
+    stop: Optional[
+        Union[Annotated[StrictStr, Field(max_length=STRING_CAPS["stop"])], capped_list(StrictStr, "stop")]
+    ] = Field(None, description="Stop strings (the stop text is not returned).")
     ignore_eos: StrictBool = Field(
         False, description="llama.cpp extension: keep generating past end-of-text."
     )
@@ -143,10 +186,27 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         an output constraint (`--json-schema`, ...), as an explicit field outranks a server default."""
         return False
 
+    def has_constraint(self) -> bool:
+        """Whether the body asks for an output constraint of its own (one to compile)."""
+        return self.json_schema is not None or self.grammar is not None or self.format_spec_given()
+
+    def format_spec_given(self) -> bool:
+        """Whether the route's own format field asks for a constraint (not free text)."""
+        return False
+
+    _grammar: Any = PrivateAttr(default=None)
+    """`grammar_spec()`'s result once made (compiling is the costly part of a request's checks)."""
+
     def grammar_spec(self) -> GrammarSpec | None:
         """The body's output constraint (None = the server's own setting, free text by default): the
         route's format field or llama-server's `json_schema` / `grammar`, at most one. An invalid or
-        unsupported schema, or a bad grammar, is APIError 400 naming the field."""
+        unsupported schema, or a bad grammar, is APIError 400 `invalid_grammar` naming the field.
+        Compiled (in the compile worker) on the first call, then kept."""
+        if self._grammar is None:
+            self._grammar = (self._make_grammar_spec(),)
+        return self._grammar[0]  # type: ignore[no-any-return]
+
+    def _make_grammar_spec(self) -> GrammarSpec | None:
         given: list[GrammarSpec] = []
         try:
             if self.json_schema is not None:
@@ -154,7 +214,7 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
             if self.grammar is not None:
                 given.append(GrammarSpec.lark_or_gbnf(self.grammar, parameter="grammar"))
         except GrammarError as exc:
-            raise APIError(str(exc), param=exc.parameter) from None
+            raise APIError(str(exc), param=exc.parameter, code=INVALID_GRAMMAR) from None
         own = self.format_spec()
         if own is not None:
             given.append(own)
@@ -171,10 +231,9 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
     )
 
     def check_supported(self) -> None:
-        """Refuse what this server cannot honour, rather than silently ignore it: an output constraint
-        that cannot be compiled is a 400 before any token, and a request cannot load another draft
-        model (`spec_draft_model` is the server's `--model-draft`)."""
-        self.grammar_spec()
+        """Refuse what this server cannot honour, rather than silently ignore it: a request cannot
+        load another draft model (`spec_draft_model` is the server's `--model-draft`). (An output
+        constraint that cannot be compiled is refused by `to_requests`, before any token.)"""
         draft = getattr(self, "spec_draft_model", None)
         if draft is not None:
             raise APIError(
@@ -348,10 +407,10 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     role: Role
-    content: Union[StrictStr, list[ContentPart], None] = None
+    content: Union[StrictStr, Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)], None] = None
 
 
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(BodyModel):
     """A named JSON schema (`response_format.json_schema`, or `text.format` itself on responses)."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
@@ -389,13 +448,15 @@ class ResponseFormat(JsonSchemaFormat):
         try:
             return GrammarSpec.json_schema(holder.schema_, parameter=f"{where}.schema")
         except GrammarError as exc:
-            raise APIError(str(exc), param=exc.parameter) from None
+            raise APIError(str(exc), param=exc.parameter, code=INVALID_GRAMMAR) from None
 
 
 class ChatCompletionRequest(Generation):
     """POST /v1/chat/completions."""
 
-    messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
+    messages: list[ChatMessage] = Field(
+        min_length=1, max_length=MAX_MESSAGES, description="The conversation so far."
+    )
     n: StrictInt = Field(1, ge=1, le=128, description="Choices to generate (choice i uses seed + i).")
     max_tokens: Optional[StrictInt] = Field(None, description="Deprecated name of max_completion_tokens.")
     max_completion_tokens: Optional[StrictInt] = Field(
@@ -406,7 +467,7 @@ class ChatCompletionRequest(Generation):
         None, ge=0, le=20, description="Alternatives per token (needs logprobs: true)."
     )
     response_format: Optional[ResponseFormat] = None
-    tools: Optional[list[dict[str, Any]]] = None
+    tools: Optional[list[dict[str, Any]]] = Field(None, max_length=MAX_TOOLS)
     tool_choice: Optional[Union[StrictStr, dict[str, Any]]] = None
 
     def token_limit(self) -> tuple[int | None, str]:
@@ -436,6 +497,10 @@ class ChatCompletionRequest(Generation):
         """`response_format` type text."""
         return self.response_format is not None and self.response_format.type == "text"
 
+    def format_spec_given(self) -> bool:
+        """`response_format` other than text."""
+        return self.response_format is not None and self.response_format.type != "text"
+
     def chat_messages(self) -> list[dict[str, Any]]:
         """The messages as plain dicts for the chat template."""
         return [m.model_dump(exclude_none=True) | {"content": _content(m.content)} for m in self.messages]
@@ -450,7 +515,13 @@ def _content(content: Any) -> Any:
 
 
 # -- completions ---------------------------------------------------------------------------------
-PromptInput = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+TokenIds = Annotated[list[StrictInt], Field(max_length=MAX_PROMPT_TOKEN_IDS)]
+PromptInput = Union[
+    StrictStr,
+    Annotated[list[StrictStr], Field(max_length=MAX_PROMPTS)],
+    TokenIds,
+    Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)],
+]
 
 
 class CompletionRequest(Generation):
@@ -477,6 +548,13 @@ class CompletionRequest(Generation):
             raise APIError("suffix (insertion) is not supported", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise APIError("best_of other than n is not supported", param="best_of")
+        choices = len(self.prompt_list()) * self.n
+        if choices > MAX_PROMPTS:
+            raise APIError(
+                f"{len(self.prompt_list())} prompts with n = {self.n} ask for {choices} completions; at "
+                f"most {MAX_PROMPTS} are accepted in one request",
+                param="n",
+            )
 
     def prompt_list(self) -> list[str | list[int]]:
         """Every prompt, as text or token ids."""
@@ -486,109 +564,3 @@ class CompletionRequest(Generation):
         if prompt and all(isinstance(p, int) for p in prompt):
             return [list(prompt)]  # type: ignore[arg-type]
         return list(prompt)  # type: ignore[arg-type]
-
-
-# -- responses -----------------------------------------------------------------------------------
-class InputPart(BaseModel):
-    """A content part of a Responses input message (`input_text`, or `output_text` of a past turn)."""
-
-    model_config = ConfigDict(extra="allow")
-    type: StrictStr
-    text: Optional[StrictStr] = None
-
-
-class InputItem(BaseModel):
-    """A Responses input item; only messages are supported."""
-
-    model_config = ConfigDict(extra="allow")
-    type: StrictStr = "message"
-    role: Optional[Literal["user", "assistant", "system", "developer"]] = None
-    content: Union[StrictStr, list[InputPart], None] = None
-
-
-class TextConfig(_Body):
-    """`text`: the output format (`{"type": "text"}`, `json_object` or `json_schema`)."""
-
-    format: Optional[ResponseFormat] = None
-
-
-class ResponsesRequest(Generation):
-    """POST /v1/responses."""
-
-    input: Union[StrictStr, list[InputItem]] = Field(description="A user message, or a list of messages.")
-    instructions: Optional[StrictStr] = Field(None, description="A system message placed first.")
-    max_output_tokens: Optional[StrictInt] = Field(
-        None, description="Most tokens to generate; omitted = up to the end of the context."
-    )
-    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=20, description="Alternatives per token.")
-    include: Optional[list[StrictStr]] = None
-    text: Optional[TextConfig] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    previous_response_id: Optional[StrictStr] = None
-    store: Optional[StrictBool] = None
-    metadata: Optional[dict[str, StrictStr]] = None
-
-    def token_limit(self) -> tuple[int | None, str]:
-        """`max_output_tokens`."""
-        return self.max_output_tokens, "max_output_tokens"
-
-    def wants_logprobs(self) -> bool:
-        """Whether output_text carries logprobs."""
-        return bool(self.top_logprobs) or "message.output_text.logprobs" in (self.include or [])
-
-    def logprob_count(self) -> int | None:
-        """`top_logprobs` alternatives when logprobs are wanted."""
-        return (self.top_logprobs or 0) if self.wants_logprobs() else None
-
-    def check_supported(self) -> None:
-        """Refuse what this server cannot honour."""
-        super().check_supported()
-        for name in ("return_token_ids", "return_tokens_as_token_ids"):
-            if getattr(self, name):
-                raise APIError(f"{name} is not supported on /v1/responses", param=name)
-        if self.previous_response_id is not None:
-            raise APIError(
-                "previous_response_id is not supported: responses are not stored",
-                param="previous_response_id",
-            )
-        if self.tools:
-            raise APIError("tools are not supported by this server", param="tools")
-
-    def format_spec(self) -> GrammarSpec | None:
-        """`text.format`."""
-        fmt = self.text.format if self.text is not None else None
-        return None if fmt is None else fmt.grammar_spec("text.format")
-
-    def asks_free_text(self) -> bool:
-        """`text.format` type text."""
-        return self.text is not None and self.text.format is not None and self.text.format.type == "text"
-
-    def chat_messages(self) -> list[dict[str, Any]]:
-        """`instructions` and `input` as chat messages. Raises APIError for a non-message item."""
-        messages: list[dict[str, Any]] = []
-        if self.instructions:
-            messages.append({"role": "system", "content": self.instructions})
-        if isinstance(self.input, str):
-            messages.append({"role": "user", "content": self.input})
-            return messages
-        if not self.input:
-            raise APIError("input must not be empty", param="input")
-        for i, item in enumerate(self.input):
-            if item.type != "message" or item.role is None:
-                raise APIError(
-                    f"input item {i} of type {item.type!r} is not supported (only messages)",
-                    param=f"input.{i}",
-                )
-            content = item.content
-            if isinstance(content, list):
-                texts = []
-                for j, part in enumerate(content):
-                    if part.type not in ("input_text", "output_text", "text") or part.text is None:
-                        raise APIError(
-                            f"input item {i} part {j} of type {part.type!r} is not supported (only text)",
-                            param=f"input.{i}.content.{j}",
-                        )
-                    texts.append(part.text)
-                content = "\n".join(texts)
-            messages.append({"role": item.role, "content": content or ""})
-        return messages

@@ -9,20 +9,32 @@ tokens, in step with the KV cache's position counter.
 
 No special token (BOS, role markers) can ever be allowed inside constrained text: they match no
 terminal in llguidance. The stop tokens (EOS, EOT) are allowed exactly where the grammar accepts.
+
+The start state's mask is computed when the constraint is made (before the request joins the step
+loop: it is the costly one, where llguidance builds its lexer) and kept; a mask that takes longer than
+`limits.MASK_TIME_LIMIT_S`, there or later, fails the request instead of stalling every other one.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from infer.engine.grammar.spec import GrammarSpec
+from infer.engine.grammar import limits
+from infer.engine.grammar.compile_worker import one_line
+from infer.engine.grammar.spec import GrammarError, GrammarSpec
 from infer.engine.grammar.vocabulary import GrammarVocabulary
 
 
 class GrammarViolationError(RuntimeError):
-    """A token the grammar does not allow was consumed, or the grammar allows no token at all."""
+    """A token the grammar does not allow was consumed, the grammar allows no token at all, or
+    matching it went past a limit; `parameter` names the field the grammar came from."""
+
+    def __init__(self, message: str, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
 
 
 class Constraint:
@@ -34,8 +46,16 @@ class Constraint:
         self._matcher = vocabulary.matcher(spec)
         words = (self.vocab_size + 31) // 32
         self._bits = np.zeros(words, dtype=np.int32)
+        self._failure: str | None = None
         self.consumed = 0
         """Tokens consumed and not rolled back (the request's generated tokens, once a step ends)."""
+        try:
+            start = self._compute_mask()
+        except GrammarViolationError as exc:
+            raise GrammarError(str(exc), spec.parameter) from None
+        start.flags.writeable = False
+        self._start_mask = start
+        """The mask at the start state (every state with nothing consumed is that one)."""
 
     # ---- state --------------------------------------------------------------------------------
     @property
@@ -51,15 +71,31 @@ class Constraint:
 
     @property
     def error(self) -> str | None:
-        """llguidance's error, once the matcher is in its (permanent) error state."""
-        return self._matcher.get_error() if self._matcher.is_error() else None
+        """Why matching failed (llguidance's error, or a mask past its time), once it has."""
+        if self._failure is not None:
+            return self._failure
+        return one_line(self._matcher.get_error()) if self._matcher.is_error() else None
 
     # ---- masks --------------------------------------------------------------------------------
     def mask(self) -> np.ndarray:
-        """The allowed tokens at the next position: bool [vocab_size]. Raises GrammarViolationError
-        if the matcher is in error (it then allows nothing)."""
+        """The allowed tokens at the next position: bool [vocab_size] (read-only at the start
+        state). Raises GrammarViolationError if matching has failed (it then allows nothing) or this
+        mask took longer than `limits.MASK_TIME_LIMIT_S`."""
+        if self.consumed == 0 and self._failure is None and not self._matcher.is_error():
+            return self._start_mask
+        return self._compute_mask()
+
+    def _compute_mask(self) -> np.ndarray:
         self._check()
+        started = time.perf_counter()
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        took = time.perf_counter() - started
+        if took > limits.MASK_TIME_LIMIT_S:
+            self._failure = (
+                f"the {self.spec.describe()} constraint is too complex to match: one token mask took "
+                f"{took:.2f} s (the limit is {limits.MASK_TIME_LIMIT_S:g} s)"
+            )
+        self._check()
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=self.vocab_size)
         return bits.view(np.bool_)
 
@@ -89,7 +125,7 @@ class Constraint:
     def allowed_drafts(self, drafts: Sequence[int]) -> list[int]:
         """`drafts` cut to the prefix the grammar allows, never raising (no drafts once the matcher
         has failed: the next draw ends the request): a sequence's draft filter."""
-        if self._matcher.is_error():
+        if self._failure is not None or self._matcher.is_error():
             return []
         return list(drafts[: self.valid_prefix(drafts)])
 
@@ -100,7 +136,8 @@ class Constraint:
         if not self._matcher.consume_token(int(token_id)):
             raise GrammarViolationError(
                 f"token {token_id} is not allowed by the {self.spec.describe()} constraint "
-                f"after {self.consumed} tokens: {self._matcher.get_error()}"
+                f"after {self.consumed} tokens: {one_line(self._matcher.get_error())}",
+                self.spec.parameter,
             )
         self.consumed += 1
 
@@ -109,13 +146,19 @@ class Constraint:
         if not 0 <= n <= self.consumed:
             raise ValueError(f"cannot roll back {n} tokens, only {self.consumed} were consumed")
         if n and not self._matcher.rollback(n):
-            raise GrammarViolationError(f"rollback of {n} tokens failed: {self._matcher.get_error()}")
+            # the engine's bookkeeping, not the grammar, is at fault: no parameter to blame
+            raise GrammarViolationError(
+                f"rollback of {n} tokens failed: {one_line(self._matcher.get_error())}"
+            )
         self.consumed -= n
 
     def _check(self) -> None:
+        if self._failure is not None:
+            raise GrammarViolationError(self._failure, self.spec.parameter)
         if self._matcher.is_error():
             raise GrammarViolationError(
-                f"the {self.spec.describe()} matcher failed: {self._matcher.get_error()}"
+                f"the {self.spec.describe()} matcher failed: {one_line(self._matcher.get_error())}",
+                self.spec.parameter,
             )
 
 

@@ -1,10 +1,12 @@
 """What a request constrains its output to: a `GrammarSpec`, checked once when it is made.
 
 A spec is tokenizer-free (a JSON schema, a regex, a Lark grammar, a list of choices, or any JSON
-object); `llguidance` compiles it to its grammar format and checks it here, so an invalid schema,
-regex or grammar, or a schema feature llguidance does not implement, is a `GrammarError` naming the
-field before any model is loaded or any token generated. The per-model part (the token table) is in
-`vocabulary.py`, the per-request state in `constraint.py`.
+object). Making one checks it against the bounds of `limits.py` (size, rules, nesting), then has
+`llguidance` compile and check it in the compile worker (`compiler.py`), so an invalid, too large or
+too deep schema, regex or grammar, a schema feature llguidance does not implement, or one that
+crashes the compiler, is a `GrammarError` naming the field before any model is loaded or any token
+generated. The per-model part (the token table) is in `vocabulary.py`, the per-request state in
+`constraint.py`.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import llguidance
-from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
+from infer.engine.grammar import limits
+from infer.engine.grammar.compiler import CompileRefused, default_compiler
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "lark", "choice"]
 GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_schema", "json_object", "regex", "lark", "choice")
@@ -58,31 +60,44 @@ class GrammarSpec:
                 raise GrammarError("choice needs at least one non-empty choice", self.parameter)
         elif self.kind != "json_object" and not self.source.strip():
             raise GrammarError(f"the {self.kind.replace('_', ' ')} is empty", self.parameter)
-        object.__setattr__(self, "_grammar", self._compile())
+        self._check_bounds()
+        try:
+            compiled = default_compiler().compile(self.kind, self.source, self.choices, JSON_OPTIONS)
+        except CompileRefused as exc:
+            raise GrammarError(str(exc), self.parameter) from None
+        object.__setattr__(self, "_grammar", compiled.grammar)
 
     @classmethod
     def json_schema(cls, schema: str | dict[str, Any], parameter: str | None = None) -> GrammarSpec:
         """A JSON schema given as a dict or JSON text."""
-        if isinstance(schema, str):
-            try:
+        try:
+            if isinstance(schema, str):
+                limits.check_size(schema, "JSON schema")
                 schema = json.loads(schema)
-            except json.JSONDecodeError as exc:
-                raise GrammarError(f"the JSON schema is not valid JSON: {exc}", parameter) from None
-        if not isinstance(schema, dict):
-            raise GrammarError("a JSON schema must be a JSON object", parameter)
-        return cls(
-            "json_schema", json.dumps(schema), parameter=parameter
-        )  # key order is kept: it is the output order
+            if not isinstance(schema, dict):
+                raise GrammarError("a JSON schema must be a JSON object", parameter)
+            limits.check_schema(schema)
+            text = json.dumps(schema)  # key order is kept: it is the output order
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"the JSON schema is not valid JSON: {exc}", parameter) from None
+        except RecursionError:
+            raise GrammarError("the JSON schema nests too deeply", parameter) from None
+        except limits.BoundsError as exc:
+            raise GrammarError(str(exc), parameter) from None
+        return cls("json_schema", text, parameter=parameter)
 
     @classmethod
     def lark_or_gbnf(cls, text: str, parameter: str | None = None) -> GrammarSpec:
-        """A grammar in llguidance's Lark syntax, or in llama.cpp's GBNF (converted by llguidance;
-        GBNF is recognised by having no `start:` rule)."""
+        """A grammar in llguidance's Lark syntax, or in llama.cpp's GBNF (converted by llguidance in
+        the compile worker; GBNF is recognised by having no `start:` rule)."""
+        if not text.strip():
+            raise GrammarError("the grammar is empty", parameter)
         try:
-            lark = any_to_lark(text)
-        except GbnfToLarkError as exc:
-            raise GrammarError(f"invalid GBNF grammar: {' '.join(str(exc).split())}", parameter) from None
-        return cls("lark", lark, parameter=parameter)
+            limits.check_grammar(text)
+            compiled = default_compiler().compile("lark_or_gbnf", text, (), JSON_OPTIONS)
+        except (limits.BoundsError, CompileRefused) as exc:
+            raise GrammarError(str(exc), parameter) from None
+        return cls("lark", compiled.lark, parameter=parameter)
 
     @property
     def grammar(self) -> str:
@@ -90,32 +105,32 @@ class GrammarSpec:
         return self._grammar  # type: ignore[attr-defined,no-any-return]
 
     def describe(self) -> str:
-        """A short label for messages and stats: `regex /[0-9]+/`, `json_schema`, ..."""
+        """A short label for messages and stats: `regex /[0-9]+/`, `json_schema`, ... (at most ~70
+        characters: a long pattern or choice list is cut)."""
         if self.kind == "regex":
-            return f"regex /{self.source}/"
-        if self.kind == "choice":
-            return f"choice {list(self.choices)}"
-        return self.kind
+            label = f"regex /{self.source}/"
+        elif self.kind == "choice":
+            label = f"choice {list(self.choices)}"
+        else:
+            return self.kind
+        return label if len(label) <= 70 else label[:67] + "..."
 
-    def _compile(self) -> str:
-        matcher = llguidance.LLMatcher
+    def _check_bounds(self) -> None:
+        """GrammarError if the source is larger or deeper than `limits.py` allows."""
         try:
-            if self.kind == "json_schema":
-                grammar = matcher.grammar_from_json_schema(self.source, overrides=JSON_OPTIONS)
-            elif self.kind == "json_object":
-                grammar = matcher.grammar_from_json_schema({"type": "object"}, overrides=JSON_OPTIONS)
-            elif self.kind == "regex":
-                grammar = matcher.grammar_from_regex(self.source)
+            if self.kind == "choice":
+                if len(self.choices) > limits.MAX_CHOICES:
+                    raise limits.BoundsError(
+                        f"{len(self.choices)} choices; at most {limits.MAX_CHOICES} are accepted"
+                    )
+                limits.check_size("".join(self.choices), "choice list")
             elif self.kind == "lark":
-                grammar = matcher.grammar_from_lark(self.source)
+                limits.check_grammar(self.source)
+            elif self.kind == "json_schema":
+                limits.check_size(self.source, "JSON schema")
+                limits.check_schema(json.loads(self.source))
             else:
-                alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in self.choices)
-                grammar = matcher.grammar_from_lark(f"start: {alternatives}")
-        except ValueError as exc:
-            raise GrammarError(f"invalid {self.kind.replace('_', ' ')}: {exc}", self.parameter) from None
-        is_error, messages = matcher.validate_grammar_with_warnings(grammar)
-        if is_error or messages:
-            # A warning is a feature llguidance would not enforce: refused, never silently ignored.
-            detail = "; ".join(" ".join(m.split()) for m in messages) or "rejected by llguidance"
-            raise GrammarError(f"invalid {self.kind.replace('_', ' ')}: {detail}", self.parameter)
-        return grammar
+                limits.check_size(self.source, self.kind.replace("_", " "))
+        except (ValueError, RecursionError) as exc:  # BoundsError, or schema text that is not JSON
+            message = str(exc) if isinstance(exc, limits.BoundsError) else f"invalid JSON schema: {exc}"
+            raise GrammarError(message, self.parameter) from None

@@ -8,10 +8,13 @@ tokenizer entry by entry at build time, so a mask bit i always means our token i
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import llguidance
 
+from infer.engine.grammar import limits
+from infer.engine.grammar.compile_worker import one_line
 from infer.engine.grammar.spec import GrammarError, GrammarSpec
 from infer.engine.text.tokenizer import Tokenizer
 
@@ -90,10 +93,47 @@ class GrammarVocabulary:
             return self._lltok
 
     def matcher(self, spec: GrammarSpec) -> llguidance.LLMatcher:
-        """A fresh matcher for `spec` at its start state (raises GrammarError if it cannot be built)."""
-        matcher = llguidance.LLMatcher(self.lltokenizer, spec.grammar, log_level=0)
+        """A fresh matcher for `spec` at its start state (raises GrammarError if it cannot be built),
+        built on a thread with a known deep stack (`limits.MATCHER_STACK_MB`): building compiles the
+        grammar again, in native code that recurses with its nesting."""
+        lltok = self.lltokenizer
+        parser_limits = llguidance.LLParserLimits(**limits.PARSER_LIMITS)
+        matcher = on_deep_stack(
+            lambda: llguidance.LLMatcher(lltok, spec.grammar, log_level=0, limits=parser_limits),
+            limits.MATCHER_STACK_MB,
+        )
         if matcher.is_error():
             raise GrammarError(
-                f"invalid {spec.kind.replace('_', ' ')}: {matcher.get_error()}", spec.parameter
+                f"invalid {spec.kind.replace('_', ' ')}: {one_line(matcher.get_error())}", spec.parameter
             )
         return matcher
+
+
+T = TypeVar("T")
+
+_STACK_SIZE_LOCK = threading.Lock()
+"""Guards the process-wide `threading.stack_size` while a deep-stack thread is made."""
+
+
+def on_deep_stack(work: Callable[[], T], stack_mb: int) -> T:
+    """`work()` run on a new thread with a `stack_mb` MiB stack (whatever `ulimit -s` says); its
+    result or its exception."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:
+            box["error"] = exc
+
+    with _STACK_SIZE_LOCK:
+        previous = threading.stack_size(stack_mb * 2**20)
+        try:
+            thread = threading.Thread(target=run, name="grammar-matcher", daemon=True)
+            thread.start()
+        finally:
+            threading.stack_size(previous)
+    thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]

@@ -141,7 +141,12 @@ class Engine:
 
     # -- submitting ----------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
-        """Raise RequestError when the engine could never run `request`."""
+        """Raise RequestError when the engine could never run `request` (its grammar included)."""
+        self._check_request(request)
+        self._constraint(request)  # builds the model's token table once; a bad grammar fails here
+
+    def _check_request(self, request: Request) -> None:
+        """`validate` without building the grammar's matcher (submit builds it once, to keep)."""
         prompt = len(request.prompt_ids)
         if prompt >= self.config.ctx_size:
             raise RequestError(
@@ -163,8 +168,6 @@ class Engine:
         bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", "prompt")
-        if request.grammar is not None:
-            self._constraint(request)  # builds the model's token table once; a bad grammar fails here
         spec = request.spec
         if spec is not None and spec.method not in self.drafting.drafters:
             raise RequestError(
@@ -183,8 +186,13 @@ class Engine:
 
     def submit(self, request: Request) -> RequestStream:
         """Queue a request and return its event stream (raises RequestError for an impossible one,
-        EngineBusy when `max_queue` requests already wait)."""
-        self.validate(request)
+        EngineBusy when `max_queue` requests already wait).
+
+        Everything that grows with the request (its grammar's matcher and first mask, the sampler
+        chain, DRY's breaker tokens) is built here, in the caller's thread, before the request joins
+        the step loop; a server calls this off its event loop."""
+        self._check_request(request)
+        constraint = self._constraint(request)
         limit = self.config.max_queue
         if limit and self.waiting_sequences >= limit:
             raise EngineBusy(f"{limit} requests are already waiting for a slot; try again shortly", 1)
@@ -206,7 +214,7 @@ class Engine:
             prompt_ids=request.prompt_ids,
         )
         stream = RequestStream(request.request_id, self.step, self._background_running, self.reap_cancelled)
-        sequence = Sequence(request, stream, sampler, output, seed, constraint=self._constraint(request))
+        sequence = Sequence(request, stream, sampler, output, seed, constraint=constraint)
         if sequence.constraint is not None:  # drafts the grammar forbids are cut before scheduling
             sequence.draft_filter = sequence.constraint.allowed_drafts
         if request.spec is not None:

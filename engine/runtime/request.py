@@ -12,6 +12,12 @@ from infer.engine.speculative.config import SpecConfig
 
 _SEED_LIMIT = 1 << 64
 
+MAX_STOP_STRINGS = 16
+"""The most stop strings one request may give (OpenAI takes 4). Each is checked after every token."""
+
+MAX_STOP_CHARS = 256
+"""The longest stop string, in characters (text that could start one is held back until it cannot)."""
+
 
 class RequestError(ValueError):
     """A request the engine cannot take (prompt too long, bad limits); `parameter` names the field."""
@@ -45,7 +51,8 @@ class Request:
     max_tokens: int | None = None
     """Most tokens to generate; None = until a stop token or the end of the context."""
     stop: tuple[str, ...] = ()
-    """Stop strings: generation ends when the text contains one; the stop text is never emitted."""
+    """Stop strings: generation ends when the text contains one; the stop text is never emitted. At
+    most 16, of at most 256 characters each."""
     ignore_eos: bool = False
     """Keep generating past EOS/EOT (benchmarks, references)."""
     skip_special: bool = True
@@ -73,8 +80,17 @@ class Request:
             raise RequestError(f"seed must be an integer in [0, 2**64), got {self.seed!r}.", "seed")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise RequestError(
+                f"stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} are accepted", "stop"
+            )
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty", "stop")
+        longest = max((len(s) for s in self.stop), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise RequestError(
+                f"stop strings may be at most {MAX_STOP_CHARS} characters, got one of {longest}", "stop"
+            )
 
 
 FaultHook = Callable[[str, str, int], None]

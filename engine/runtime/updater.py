@@ -134,8 +134,8 @@ class SequenceUpdater:
         """End `seq` with finish_reason "error": a message naming the step (`label`) and the tokens
         produced before it."""
         message = f"{label} failed after {len(seq.generated)} tokens: {type(exc).__name__}: {exc}"
-        # a sampler error names the request setting responsible (NoFiniteLogitsError.parameter)
-        param = exc.parameter if isinstance(exc, NoFiniteLogitsError) else None
+        # a sampler or grammar error names the request setting responsible (its `parameter`)
+        param = exc.parameter if isinstance(exc, (NoFiniteLogitsError, GrammarViolationError)) else None
         self.finish(seq, "error", message, param)
 
     def hook_allows(self, seq: Sequence, phase: str, index: int, label: str) -> bool:

@@ -7,6 +7,7 @@ vocabulary-sized arrays alive until the cyclic garbage collector ran.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,8 +19,9 @@ class TokenHistory:
     """Prompt ids followed by the accepted tokens, in one growing int64 array.
 
     ``token_texts[i]`` is token i's text and ``breakers`` DRY's sequence-breaker strings: a token is a
-    breaker if its text contains one (ids beyond ``token_texts`` are not). The breaker mask is built on
-    first use, once.
+    breaker if its text contains one (ids beyond ``token_texts`` are not). The breaker mask is built
+    here, once (when the request is made, not in the step loop), in time linear in the vocabulary's
+    text per breaker.
     """
 
     def __init__(
@@ -38,10 +40,9 @@ class TokenHistory:
         self.n_prompt = self._n
         """How many of the tokens are the prompt."""
         self._vocab_size = vocab_size
-        self._token_texts = token_texts
-        self._breaker_strings = tuple(breakers)
         self._breaker: np.ndarray | None = None
-        self._breaker_done = False
+        if token_texts is not None and breakers:
+            self._breaker = breaker_tokens(token_texts, breakers, vocab_size)
 
     @property
     def n_generated(self) -> int:
@@ -71,11 +72,25 @@ class TokenHistory:
 
     def breaker_mask(self) -> np.ndarray | None:
         """A bool mask over the vocabulary of DRY's breaker tokens, or None when there are none."""
-        if not self._breaker_done:
-            self._breaker_done = True
-            texts, pats = self._token_texts, self._breaker_strings
-            if texts is not None and pats:
-                n = min(len(texts), self._vocab_size)
-                self._breaker = np.zeros(self._vocab_size, dtype=bool)
-                self._breaker[:n] = [any(b in texts[i] for b in pats) for i in range(n)]
         return self._breaker
+
+
+_SEPARATOR = "\x00"
+
+
+def breaker_tokens(token_texts: Sequence[str], breakers: Sequence[str], vocab_size: int) -> np.ndarray:
+    """Bool [vocab_size]: the tokens whose text contains one of `breakers`. The texts are searched
+    joined (a regex scan per breaker in C, ~0.5 ms for a 49k vocabulary) rather than token by token."""
+    n = min(len(token_texts), vocab_size)
+    mask = np.zeros(vocab_size, dtype=bool)
+    texts = list(token_texts[:n])
+    joined = _SEPARATOR.join(texts)
+    starts = np.cumsum([0, *(len(t) + 1 for t in texts[:-1])]) if texts else np.zeros(0, np.int64)
+    for breaker in breakers:
+        if _SEPARATOR in breaker:  # could match across two texts: look token by token
+            mask[:n] |= np.fromiter((breaker in t for t in texts), dtype=bool, count=n)
+            continue
+        found = [m.start() for m in re.finditer(re.escape(breaker), joined)]
+        if found:
+            mask[np.searchsorted(starts, found, side="right") - 1] = True
+    return mask

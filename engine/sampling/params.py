@@ -111,6 +111,17 @@ MAX_LOGIT_BIAS_ENTRIES = 1 << 18
 families). A request's entries are also bounded by its model's vocabulary (ids are unique and < vocab)."""
 
 
+MAX_SAMPLER_STAGES = 32
+"""The most stages ``samplers`` may list (llama.cpp's default chain has 9; a stage may repeat). Every
+stage runs at every step, so an unbounded list would slow every request batched with this one."""
+
+MAX_DRY_BREAKERS = 64
+"""The most ``dry_sequence_breakers`` one request may give (llama.cpp's default has 4)."""
+
+MAX_DRY_BREAKER_CHARS = 40
+"""The longest DRY sequence breaker, in characters (llama.cpp truncates longer ones to 40)."""
+
+
 @dataclass(frozen=True)
 class Interval:
     """The accepted range of a numeric field; ``lo_open``/``hi_open`` exclude the end."""
@@ -260,6 +271,13 @@ def _in_range(name: str, v: float) -> None:
 
 def _parse_samplers(value: Any) -> tuple[str, ...]:
     name = "samplers"
+    if isinstance(value, (list, tuple)) and len(value) > MAX_SAMPLER_STAGES:
+        raise _too_many(name, len(value), MAX_SAMPLER_STAGES, "stages")
+    if isinstance(value, str) and len(value) > 16 * MAX_SAMPLER_STAGES:  # longer than 32 names
+        raise SamplingParamsError(
+            name, f"<{len(value)} characters>", f"samplers is {len(value)} characters long; at most "
+            f"{MAX_SAMPLER_STAGES} stages are accepted."
+        )  # fmt: skip
     if isinstance(value, str):
         parts = [p for p in re.split(r"[;,\s]+", value.strip()) if p]
         if len(parts) == 1 and parts[0].lower() not in SAMPLER_STAGES + tuple(_STAGE_ALIASES):
@@ -283,7 +301,31 @@ def _parse_samplers(value: Any) -> tuple[str, ...]:
                 f"samplers has unknown stage {part!r} (allowed: {', '.join(SAMPLER_STAGES)}), got {value!r}.",
             )
         out.append(key)
+    if len(out) > MAX_SAMPLER_STAGES:
+        raise _too_many(name, len(out), MAX_SAMPLER_STAGES, "stages")
     return tuple(out)
+
+
+def _too_many(name: str, count: int, limit: int, what: str) -> SamplingParamsError:
+    return SamplingParamsError(
+        name, f"<{count} {what}>", f"{name} has {count} {what}; at most {limit} are accepted."
+    )
+
+
+def _parse_breakers(value: Any) -> tuple[str, ...]:
+    name = "dry_sequence_breakers"
+    if not isinstance(value, (list, tuple)) or not all(isinstance(b, str) and b for b in value):
+        raise _err(name, value if len(str(value)) < 200 else "<list>", "must be a list of non-empty strings")
+    if len(value) > MAX_DRY_BREAKERS:
+        raise _too_many(name, len(value), MAX_DRY_BREAKERS, "strings")
+    long = next((b for b in value if len(b) > MAX_DRY_BREAKER_CHARS), None)
+    if long is not None:
+        raise SamplingParamsError(
+            name,
+            long[:20] + "...",
+            f"{name} entries may be at most {MAX_DRY_BREAKER_CHARS} characters, got one of {len(long)}.",
+        )
+    return tuple(value)
 
 
 def _parse_logit_bias(value: Any) -> FrozenLogitBias:
@@ -394,7 +436,8 @@ class SamplingParams:
     dry_penalty_last_n: int = -1
     """DRY scan window in tokens (prompt included). ``-1`` = whole history; ``0`` = off."""
     dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
-    """Strings that end a repetition for DRY: a token whose text contains one is a breaker."""
+    """Strings that end a repetition for DRY: a token whose text contains one is a breaker. At most
+    64 strings of at most 40 characters each."""
     mirostat: int = 0
     """Mirostat version: ``0`` = off, 1 or 2. When on, ``samplers`` is ignored (as llama.cpp)."""
     mirostat_tau: float = 5.0
@@ -417,7 +460,8 @@ class SamplingParams:
     vLLM and llama.cpp: it costs a log-softmax over the whole vocabulary per token."""
     samplers: tuple[str, ...] = field(default=DEFAULT_SAMPLERS, metadata={"also_accepts": str})
     """Stage order: names from :data:`SAMPLER_STAGES`, a list or a ';'-separated string, or
-    llama.cpp letters ("edskypmxt"). Repeats apply again; omitted stages are skipped."""
+    llama.cpp letters ("edskypmxt"). Repeats apply again; omitted stages are skipped. At most 32
+    stages."""
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -442,10 +486,7 @@ class SamplingParams:
         for name in FIELD_RANGES:
             _in_range(name, getattr(self, name))
         put(self, "logit_bias", _parse_logit_bias(self.logit_bias))
-        breakers = self.dry_sequence_breakers
-        if not isinstance(breakers, (list, tuple)) or not all(isinstance(b, str) and b for b in breakers):
-            raise _err("dry_sequence_breakers", breakers, "must be a list of non-empty strings")
-        put(self, "dry_sequence_breakers", tuple(breakers))
+        put(self, "dry_sequence_breakers", _parse_breakers(self.dry_sequence_breakers))
         if self.mirostat not in (0, 1, 2):
             raise _err("mirostat", self.mirostat, "must be 0 (off), 1 or 2")
         if self.seed is not None:

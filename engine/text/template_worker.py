@@ -1,44 +1,33 @@
-"""The chat-template worker: a separate Python process that renders Jinja2 chat templates.
+"""The chat-template worker's handler: renders Jinja2 chat templates in a separate Python process.
 
 A chat template comes from a model file and is hostile input: it can loop for hours, recurse without
 end, or build strings of gigabytes, and a Python thread that runs it cannot be stopped. So templates
-render here, in a child process the parent can kill (:mod:`infer.engine.text.sandbox`), under:
+render in a worker process the parent can kill (:mod:`infer.engine.workers`, driven by
+:mod:`infer.engine.text.sandbox`), under its memory bound (``RLIMIT_AS``; an allocation past it is a
+``MemoryError``, reported as one line) and wall-clock bound, plus two of this module's own:
 
-* a memory bound: the address space may grow by ``memory_mb`` beyond what the worker needs idle
-  (``RLIMIT_AS``); an allocation past it is a ``MemoryError``, reported as one line;
-* a wall-clock bound: the parent kills the worker after ``timeout_s``; a watchdog thread in here also
-  exits the process shortly after, so nothing keeps running if the parent is gone;
 * an output bound: rendering streams and stops once the text passes ``max_chars``;
 * a recursion bound: Python's frame limit (``RecursionError``, reported as one line).
 
 Jinja2's immutable sandbox still applies inside (no attribute walking, no mutation of the context,
 ``range`` capped), with the environment of transformers' ``apply_chat_template``.
 
-This file imports only the standard library and Jinja2: it runs as a script (``python -I
-template_worker.py``) without importing ``infer``. The protocol on stdin/stdout is one frame per
-message, a 4-byte big-endian length then UTF-8 JSON: ``{"template", "context", "max_chars"}`` in,
-``{"text"}`` or ``{"error"}`` out, after one ``{"ready"}`` frame once the worker has started.
+This file imports only the standard library and Jinja2: the worker loads it by path without
+importing ``infer``. A job is ``{"template", "context", "max_chars"}``; the reply ``{"text"}`` or
+``{"error"}``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import resource
-import struct
 import sys
-import threading
-import time
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, NoReturn
 
 import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-HEADER = struct.Struct(">I")
-"""Each frame's length prefix."""
 
 RECURSION_LIMIT = 1000
 """Python frames (about a hundred nested macro calls)."""
@@ -119,75 +108,13 @@ def describe(exc: BaseException, memory_mb: int) -> str:
     return f"chat template failed to render: {type(exc).__name__}: {_one_line(str(exc))}"
 
 
-def _read_frame(stream: BinaryIO) -> bytes | None:
-    head = stream.read(HEADER.size)
-    if len(head) < HEADER.size:
-        return None
-    (length,) = HEADER.unpack(head)
-    body = stream.read(length)
-    return body if len(body) == length else None
-
-
-def _write_frame(stream: BinaryIO, payload: dict[str, Any]) -> None:
-    data = json.dumps(payload).encode("utf-8")
-    stream.write(HEADER.pack(len(data)) + data)
-    stream.flush()
-
-
-def _limit_memory(memory_mb: int) -> None:
-    """Let the address space grow by ``memory_mb`` beyond its size now (Linux; elsewhere a no-op)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            now = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        cap = now + memory_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    except (OSError, ValueError):
-        pass
-
-
-class _Watchdog:
-    """Ends the process if one render outlives ``seconds`` (the parent kills it first; this covers a
-    parent that died). The main thread yields the GIL every few milliseconds even in a tight loop."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.started: float | None = None
-        threading.Thread(target=self._watch, name="template-watchdog", daemon=True).start()
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(0.1)
-            started = self.started
-            if started is not None and time.monotonic() - started > self.seconds:
-                os._exit(3)
-
-
-def main(argv: list[str]) -> int:
-    """Serve render requests on stdin/stdout until stdin closes. argv: memory_mb timeout_s."""
-    memory_mb, timeout_s = int(argv[0]), float(argv[1])
+def prepare() -> None:
+    """Build the environment and compile once before the memory cap applies (the worker calls this)."""
     sys.setrecursionlimit(RECURSION_LIMIT)
-    environment()  # build it before the memory cap applies
+    environment()
     compile_template("{{ '' }}")
-    watchdog = _Watchdog(timeout_s + 1.0)
-    _limit_memory(memory_mb)
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    _write_frame(stdout, {"ready": True})  # the parent's render deadlines start after this
-    while True:
-        frame = _read_frame(stdin)
-        if frame is None:
-            return 0
-        watchdog.started = time.monotonic()
-        try:
-            request = json.loads(frame)
-            reply = {"text": render(request["template"], request["context"], int(request["max_chars"]))}
-        except BaseException as exc:  # every failure is a message to the parent, never a traceback
-            reply = {"error": describe(exc, memory_mb)}
-        watchdog.started = None
-        try:
-            _write_frame(stdout, reply)
-        except MemoryError:
-            _write_frame(stdout, {"error": describe(MemoryError(), memory_mb)})
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def handle(request: dict[str, Any]) -> dict[str, Any]:
+    """One render job: ``{"template", "context", "max_chars"}`` in, ``{"text"}`` out."""
+    return {"text": render(request["template"], request["context"], int(request["max_chars"]))}

@@ -1,0 +1,121 @@
+"""The request body of POST /v1/responses (OpenAI's Responses API), and its messages for the chat
+template; the fields every generation route shares are `schemas.Generation`'s."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from infer.cli.serve.errors import APIError
+from infer.cli.serve.request_caps import MAX_CONTENT_PARTS, MAX_INCLUDE, MAX_MESSAGES, MAX_METADATA, MAX_TOOLS
+from infer.cli.serve.schemas import BodyModel, ContentPart, Generation, ResponseFormat
+from infer.engine.grammar import GrammarSpec
+
+
+class InputPart(ContentPart):
+    """A content part of a Responses input message (`input_text`, or `output_text` of a past turn)."""
+
+
+class InputItem(BaseModel):
+    """A Responses input item; only messages are supported."""
+
+    model_config = ConfigDict(extra="allow")
+    type: StrictStr = "message"
+    role: Optional[Literal["user", "assistant", "system", "developer"]] = None
+    content: Union[StrictStr, Annotated[list[InputPart], Field(max_length=MAX_CONTENT_PARTS)], None] = None
+
+
+class TextConfig(BodyModel):
+    """`text`: the output format (`{"type": "text"}`, `json_object` or `json_schema`)."""
+
+    format: Optional[ResponseFormat] = None
+
+
+class ResponsesRequest(Generation):
+    """POST /v1/responses."""
+
+    input: Union[StrictStr, Annotated[list[InputItem], Field(max_length=MAX_MESSAGES)]] = Field(
+        description="A user message, or a list of messages."
+    )
+    instructions: Optional[StrictStr] = Field(None, description="A system message placed first.")
+    max_output_tokens: Optional[StrictInt] = Field(
+        None, description="Most tokens to generate; omitted = up to the end of the context."
+    )
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=20, description="Alternatives per token.")
+    include: Optional[list[StrictStr]] = Field(None, max_length=MAX_INCLUDE)
+    text: Optional[TextConfig] = None
+    tools: Optional[list[dict[str, Any]]] = Field(None, max_length=MAX_TOOLS)
+    previous_response_id: Optional[StrictStr] = None
+    store: Optional[StrictBool] = None
+    metadata: Optional[dict[str, StrictStr]] = Field(None, max_length=MAX_METADATA)
+
+    def token_limit(self) -> tuple[int | None, str]:
+        """`max_output_tokens`."""
+        return self.max_output_tokens, "max_output_tokens"
+
+    def wants_logprobs(self) -> bool:
+        """Whether output_text carries logprobs."""
+        return bool(self.top_logprobs) or "message.output_text.logprobs" in (self.include or [])
+
+    def logprob_count(self) -> int | None:
+        """`top_logprobs` alternatives when logprobs are wanted."""
+        return (self.top_logprobs or 0) if self.wants_logprobs() else None
+
+    def check_supported(self) -> None:
+        """Refuse what this server cannot honour."""
+        super().check_supported()
+        for name in ("return_token_ids", "return_tokens_as_token_ids"):
+            if getattr(self, name):
+                raise APIError(f"{name} is not supported on /v1/responses", param=name)
+        if self.previous_response_id is not None:
+            raise APIError(
+                "previous_response_id is not supported: responses are not stored",
+                param="previous_response_id",
+            )
+        if self.tools:
+            raise APIError("tools are not supported by this server", param="tools")
+
+    def format_spec(self) -> GrammarSpec | None:
+        """`text.format`."""
+        fmt = self.text.format if self.text is not None else None
+        return None if fmt is None else fmt.grammar_spec("text.format")
+
+    def asks_free_text(self) -> bool:
+        """`text.format` type text."""
+        return self.text is not None and self.text.format is not None and self.text.format.type == "text"
+
+    def format_spec_given(self) -> bool:
+        """`text.format` other than text."""
+        fmt = self.text.format if self.text is not None else None
+        return fmt is not None and fmt.type != "text"
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """`instructions` and `input` as chat messages. Raises APIError for a non-message item."""
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        if isinstance(self.input, str):
+            messages.append({"role": "user", "content": self.input})
+            return messages
+        if not self.input:
+            raise APIError("input must not be empty", param="input")
+        for i, item in enumerate(self.input):
+            if item.type != "message" or item.role is None:
+                raise APIError(
+                    f"input item {i} of type {item.type!r} is not supported (only messages)",
+                    param=f"input.{i}",
+                )
+            content = item.content
+            if isinstance(content, list):
+                texts = []
+                for j, part in enumerate(content):
+                    if part.type not in ("input_text", "output_text", "text") or part.text is None:
+                        raise APIError(
+                            f"input item {i} part {j} of type {part.type!r} is not supported (only text)",
+                            param=f"input.{i}.content.{j}",
+                        )
+                    texts.append(part.text)
+                content = "\n".join(texts)
+            messages.append({"role": item.role, "content": content or ""})
+        return messages
