@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from infer.cli.serve.errors import APIError
 from infer.cli.serve.request_caps import MAX_CONTENT_PARTS, MAX_INCLUDE, MAX_MESSAGES, MAX_METADATA, MAX_TOOLS
 from infer.cli.serve.schemas import BodyModel, ContentPart, Generation, ResponseFormat
-from infer.engine.grammar import GrammarSpec
+from infer.engine import GrammarSpec
 
 
 class InputPart(ContentPart):
