@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import math
 import mmap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
 
@@ -16,7 +14,7 @@ import numpy as np
 
 from infer.engine.backends import cpu_setup
 from infer.engine.backends.attention import AttentionPlan, PrefillRun, causal_mask
-from infer.engine.backends.base import BackendOptions, Capabilities, CompileReport, HostSetup
+from infer.engine.backends.base import BackendOptions, Capabilities
 from infer.engine.backends.cpu_kernels.registry import Quantize, QuantKernels, quantize_once
 from infer.engine.backends.cpu_memory import PAGE, adjacent_rows, contiguous_runs, madvise, read_only_file_map
 from infer.engine.backends.errors import BackendError
@@ -75,7 +73,7 @@ class StackedWeight:
     shape: tuple[int, ...]
 
 
-class CpuBackend(HostSetup):
+class CpuBackend(cpu_setup.CpuSetup):
     """Numpy implementation of the Backend protocol (float32), with numba kernels on GGUF blocks."""
 
     name: ClassVar[str] = "cpu"
@@ -128,44 +126,6 @@ class CpuBackend(HostSetup):
         """Thread pools for prefill attention blocks, by thread count (kernel modes)."""
         self.step_threads = cpu_setup.StepThreads(BackendOptions(self.name, dtype, kernels, threads))
         """The kernels' thread count in the step threads (see BackendOptions.threads)."""
-
-    @classmethod
-    def from_options(cls, options: BackendOptions) -> CpuBackend:
-        """The backend in `options.kernels` mode, its kernels on `options.threads` threads."""
-        return cls(options.dtype, kernels=options.kernels, threads=options.threads)
-
-    @staticmethod
-    def prepare_process(options: BackendOptions, cache_home: Path) -> None:
-        """numba's cache folder, OpenMP's wait policy and BLAS threads (see cpu_setup.prepare_process)."""
-        cpu_setup.prepare_process(options, cache_home)
-
-    @staticmethod
-    def watch_compiles(
-        options: BackendOptions, on_first: Callable[[], None]
-    ) -> AbstractContextManager[CompileReport]:
-        """numba's kernel compilations in the block (none in the `blas` mode)."""
-        return cpu_setup.watch_compiles(options, on_first)
-
-    @staticmethod
-    def threads_note(options: BackendOptions) -> str | None:
-        """The thread count the matmuls would run on (see cpu_setup.threads_note)."""
-        return cpu_setup.threads_note(options)
-
-    def prepare_thread(self) -> None:
-        """The step thread runs the kernels on the fixed thread count, if one is."""
-        self.step_threads.prepare_thread()
-
-    def prepare_step(self) -> None:
-        """The kernels' thread count for the load now, when it adapts (threads 0)."""
-        self.step_threads.prepare_step()
-
-    def kernel_threads_now(self) -> int | None:
-        """numba's thread count in this thread in the kernel modes; None with `blas`."""
-        if self._rowops is None:
-            return None
-        import numba
-
-        return int(numba.get_num_threads())
 
     @property
     def block_formats(self) -> frozenset[str]:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from infer.engine.backends.base import BackendOptions, CompileReport, HostSetup
 from infer.engine.backends.cpu_threads import KernelThreads
@@ -99,7 +100,8 @@ class StepThreads:
     step (cpu_threads.py), or (threads None, or the `blas` mode) numba's own count, left alone."""
 
     def __init__(self, options: BackendOptions) -> None:
-        kernels = uses_kernels(options)
+        self.kernels = kernels = uses_kernels(options)
+        """Whether the matmuls run on the numba kernels (not the `blas` mode)."""
         self.fixed = options.threads if kernels and options.threads else None
         """The count the user fixed, or None."""
         self.adaptive: KernelThreads | None = (
@@ -118,3 +120,48 @@ class StepThreads:
         """Before each step: the count for the load now, when it adapts."""
         if self.adaptive is not None:
             self.adaptive.before_step()
+
+
+class CpuSetup(HostSetup):
+    """The cpu backend's hooks around its ops (see base.HostSetup for what each one is for); the
+    backend class inherits them and sets `step_threads` when it is built."""
+
+    step_threads: StepThreads
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> Any:
+        """The backend in `options.kernels` mode, its kernels on `options.threads` threads."""
+        return cls(options.dtype, kernels=options.kernels, threads=options.threads)  # type: ignore[call-arg]
+
+    @staticmethod
+    def prepare_process(options: BackendOptions, cache_home: Path) -> None:
+        """numba's cache folder, OpenMP's wait policy and BLAS threads (see `prepare_process`)."""
+        prepare_process(options, cache_home)
+
+    @staticmethod
+    def watch_compiles(
+        options: BackendOptions, on_first: Callable[[], None]
+    ) -> AbstractContextManager[CompileReport]:
+        """numba's kernel compilations in the block (none in the `blas` mode)."""
+        return watch_compiles(options, on_first)
+
+    @staticmethod
+    def threads_note(options: BackendOptions) -> str | None:
+        """The thread count the matmuls would run on (see `threads_note`)."""
+        return threads_note(options)
+
+    def prepare_thread(self) -> None:
+        """The step thread runs the kernels on the fixed thread count, if one is."""
+        self.step_threads.prepare_thread()
+
+    def prepare_step(self) -> None:
+        """The kernels' thread count for the load now, when it adapts (threads 0)."""
+        self.step_threads.prepare_step()
+
+    def kernel_threads_now(self) -> int | None:
+        """numba's thread count in this thread in the kernel modes; None with `blas`."""
+        if not self.step_threads.kernels:
+            return None
+        import numba
+
+        return int(numba.get_num_threads())
