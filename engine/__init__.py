@@ -37,9 +37,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "SamplingParamsError": ("sampling", "SamplingParamsError"),
     "FIELD_RANGES": ("sampling.params", "FIELD_RANGES"),
     "LOGIT_BIAS_LIMIT": ("sampling.params", "LOGIT_BIAS_LIMIT"),
-    "MAX_SAMPLER_STAGES": ("sampling.params", "MAX_SAMPLER_STAGES"),
-    "MAX_DRY_BREAKERS": ("sampling.params", "MAX_DRY_BREAKERS"),
-    "MAX_DRY_BREAKER_CHARS": ("sampling.params", "MAX_DRY_BREAKER_CHARS"),
+    "MAX_SAMPLER_STAGES": ("sampling.list_caps", "MAX_SAMPLER_STAGES"),
+    "MAX_DRY_BREAKERS": ("sampling.list_caps", "MAX_DRY_BREAKERS"),
+    "MAX_DRY_BREAKER_CHARS": ("sampling.list_caps", "MAX_DRY_BREAKER_CHARS"),
     "DEVICE_POOL_LIMIT": ("sampling.envelope", "POOL_LIMIT"),
     "in_device_envelope": ("sampling.envelope", "in_envelope"),
     # speculative decoding

@@ -17,7 +17,7 @@ from infer.cli.serve.schemas import ChatCompletionRequest, CompletionRequest
 from infer.engine.runtime.request import MAX_STOP_CHARS, MAX_STOP_STRINGS, Request, RequestError
 from infer.engine.sampling import SamplingParams, SamplingParamsError
 from infer.engine.sampling.history import breaker_tokens
-from infer.engine.sampling.params import MAX_DRY_BREAKER_CHARS, MAX_DRY_BREAKERS, MAX_SAMPLER_STAGES
+from infer.engine.sampling.list_caps import MAX_DRY_BREAKER_CHARS, MAX_DRY_BREAKERS, MAX_SAMPLER_STAGES
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -22,15 +22,12 @@ from typing import Any
 import numpy as np
 
 from infer.engine.sampling.field_text import parse_text
-
-
-class SamplingParamsError(ValueError):
-    """A sampling parameter is invalid; ``parameter`` names the field, ``value`` is what was given."""
-
-    def __init__(self, parameter: str, value: Any, message: str) -> None:
-        super().__init__(message)
-        self.parameter = parameter
-        self.value = value
+from infer.engine.sampling.list_caps import (
+    MAX_SAMPLER_STAGES,
+    SamplingParamsError,
+    parse_breakers,
+    too_many,
+)
 
 
 class NoFiniteLogitsError(RuntimeError):
@@ -109,17 +106,6 @@ refused rather than clamped. 1e4 already outweighs any logit a model produces, a
 MAX_LOGIT_BIAS_ENTRIES = 1 << 18
 """The most ``logit_bias`` entries one request may give (262,144: the largest vocabulary of the supported
 families). A request's entries are also bounded by its model's vocabulary (ids are unique and < vocab)."""
-
-
-MAX_SAMPLER_STAGES = 32
-"""The most stages ``samplers`` may list (llama.cpp's default chain has 9; a stage may repeat). Every
-stage runs at every step, so an unbounded list would slow every request batched with this one."""
-
-MAX_DRY_BREAKERS = 64
-"""The most ``dry_sequence_breakers`` one request may give (llama.cpp's default has 4)."""
-
-MAX_DRY_BREAKER_CHARS = 40
-"""The longest DRY sequence breaker, in characters (llama.cpp truncates longer ones to 40)."""
 
 
 @dataclass(frozen=True)
@@ -272,7 +258,7 @@ def _in_range(name: str, v: float) -> None:
 def _parse_samplers(value: Any) -> tuple[str, ...]:
     name = "samplers"
     if isinstance(value, (list, tuple)) and len(value) > MAX_SAMPLER_STAGES:
-        raise _too_many(name, len(value), MAX_SAMPLER_STAGES, "stages")
+        raise too_many(name, len(value), MAX_SAMPLER_STAGES, "stages")
     if isinstance(value, str) and len(value) > 16 * MAX_SAMPLER_STAGES:  # longer than 32 names
         raise SamplingParamsError(
             name, f"<{len(value)} characters>", f"samplers is {len(value)} characters long; at most "
@@ -302,30 +288,8 @@ def _parse_samplers(value: Any) -> tuple[str, ...]:
             )
         out.append(key)
     if len(out) > MAX_SAMPLER_STAGES:
-        raise _too_many(name, len(out), MAX_SAMPLER_STAGES, "stages")
+        raise too_many(name, len(out), MAX_SAMPLER_STAGES, "stages")
     return tuple(out)
-
-
-def _too_many(name: str, count: int, limit: int, what: str) -> SamplingParamsError:
-    return SamplingParamsError(
-        name, f"<{count} {what}>", f"{name} has {count} {what}; at most {limit} are accepted."
-    )
-
-
-def _parse_breakers(value: Any) -> tuple[str, ...]:
-    name = "dry_sequence_breakers"
-    if not isinstance(value, (list, tuple)) or not all(isinstance(b, str) and b for b in value):
-        raise _err(name, value if len(str(value)) < 200 else "<list>", "must be a list of non-empty strings")
-    if len(value) > MAX_DRY_BREAKERS:
-        raise _too_many(name, len(value), MAX_DRY_BREAKERS, "strings")
-    long = next((b for b in value if len(b) > MAX_DRY_BREAKER_CHARS), None)
-    if long is not None:
-        raise SamplingParamsError(
-            name,
-            long[:20] + "...",
-            f"{name} entries may be at most {MAX_DRY_BREAKER_CHARS} characters, got one of {len(long)}.",
-        )
-    return tuple(value)
 
 
 def _parse_logit_bias(value: Any) -> FrozenLogitBias:
@@ -486,7 +450,7 @@ class SamplingParams:
         for name in FIELD_RANGES:
             _in_range(name, getattr(self, name))
         put(self, "logit_bias", _parse_logit_bias(self.logit_bias))
-        put(self, "dry_sequence_breakers", _parse_breakers(self.dry_sequence_breakers))
+        put(self, "dry_sequence_breakers", parse_breakers(self.dry_sequence_breakers))
         if self.mirostat not in (0, 1, 2):
             raise _err("mirostat", self.mirostat, "must be 0 (off), 1 or 2")
         if self.seed is not None:
