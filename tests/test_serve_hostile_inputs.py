@@ -176,9 +176,14 @@ def test_no_hostile_request_stalls_a_greedy_stream_beside_it(default_server: Ser
     report = []
     for name, case in HOSTILE.items():
         seconds, text, response, watch = _beside(url, case)
-        if seconds > 2 * solo:  # a shared machine: measure solo again and give the case one more try
-            solo = min(solo, *(_stream_seconds(url)[0] for _ in range(2)))
-            seconds, text, response, watch = _beside(url, case)
+        for _ in range(2):  # a shared machine: the case's best of up to three tries, as solo's is of three
+            if seconds <= 2 * solo:
+                break
+            assert text == expected, name
+            solo = min(solo, _stream_seconds(url)[0])
+            again = _beside(url, case)
+            if again[0] < seconds:
+                seconds, text, response, watch = again
         report.append(f"{name}: {response.status_code} {seconds:.2f}s ({seconds / solo:.2f}x)")
         check_answer(case, response)
         assert text == expected, name  # its solo tokens
