@@ -30,14 +30,13 @@ from numba.extending import intrinsic
 
 from .features import cpu_features
 from .simd import fma, is_c_array, load_vec, sum_lanes
-from .simd_int8 import PORTABLE, available_paths, scaled_lanes
+from .simd_int8 import PORTABLE, available_paths, concat, const_vec, half, scaled_lanes
 
 ROW_COUNTS = (1, 2, 3, 4)
 """Activation rows per intrinsic call: 4 rows of two 16-lane accumulators (int and float) and a chunk's
 quants and scales fit AVX2's 16 registers."""
 
 _I8 = ir.IntType(8)
-_I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _F32 = ir.FloatType()
@@ -49,21 +48,6 @@ _V16F = ir.VectorType(_F32, 16)
 BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 
 
-def _const(vty: ir.VectorType, value: int) -> ir.Constant:
-    return ir.Constant(vty, [value] * vty.count)
-
-
-def _concat(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
-    indices = list(range(2 * a.type.count))
-    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(indices)), indices))
-
-
-def _half(builder: ir.IRBuilder, vec: ir.Value, which: int) -> ir.Value:
-    count = vec.type.count // 2
-    indices = list(range(which * count, (which + 1) * count))
-    return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(_I32, count), indices))
-
-
 def _load32(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
     return load_vec(builder, builder.gep(block, [ir.Constant(_I64, offset)]), _V32I8)
 
@@ -71,32 +55,32 @@ def _load32(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
 def _chunk_quants(builder: ir.IRBuilder, kind: str, block: ir.Value, chunk: int) -> ir.Value:
     """The 64 unsigned quants of 64-weight chunk `chunk` (0..3) of the super-block at `block`, in weight
     order, as <64 x i8>."""
-    fifteen, four = _const(_V32I8, 15), _const(_V32I8, 4)
+    fifteen, four = const_vec(_V32I8, 15), const_vec(_V32I8, 4)
     if kind == "q6_k":  # 4 low bits from ql, 2 high bits from qh (llama.cpp's q1..q4 of a 128-half)
-        half, upper = divmod(chunk, 2)
+        part, upper = divmod(chunk, 2)
         parts = []
         for second in (0, 1):
-            ql = _load32(builder, block, 64 * half + 32 * second)
-            qh = _load32(builder, block, 128 + 32 * half)
+            ql = _load32(builder, block, 64 * part + 32 * second)
+            qh = _load32(builder, block, 128 + 32 * part)
             low = builder.lshr(ql, four) if upper else builder.and_(ql, fifteen)
             shift = 2 * (2 * upper + second)
-            high = builder.and_(builder.lshr(qh, _const(_V32I8, shift)), _const(_V32I8, 3))
+            high = builder.and_(builder.lshr(qh, const_vec(_V32I8, shift)), const_vec(_V32I8, 3))
             parts.append(builder.or_(low, builder.shl(high, four)))
-        return _concat(builder, parts[0], parts[1])
+        return concat(builder, parts[0], parts[1])
     qs_offset = 16 if kind == "q4_k" else 48
     qs = _load32(builder, block, qs_offset + 32 * chunk)
     low, high = builder.and_(qs, fifteen), builder.lshr(qs, four)
     if kind == "q5_k":  # bit 2 * chunk of qh[i] tops the low nibbles, bit 2 * chunk + 1 the high ones
         qh = _load32(builder, block, 16)
-        one = _const(_V32I8, 1)
+        one = const_vec(_V32I8, 1)
         for which in (0, 1):
-            bit = builder.and_(builder.lshr(qh, _const(_V32I8, 2 * chunk + which)), one)
+            bit = builder.and_(builder.lshr(qh, const_vec(_V32I8, 2 * chunk + which)), one)
             top = builder.shl(bit, four)
             if which == 0:
                 low = builder.or_(low, top)
             else:
                 high = builder.or_(high, top)
-    return _concat(builder, low, high)
+    return concat(builder, low, high)
 
 
 def _shuffle(builder: ir.IRBuilder, vec: ir.Value, indices: list[int]) -> ir.Value:
@@ -231,7 +215,7 @@ def _codegen(kind: str, rows: int, path: int):
             exits.append(phi)
 
         def reduce(vec: ir.Value) -> ir.Value:
-            return sum_lanes(builder, builder.fadd(_half(builder, vec, 0), _half(builder, vec, 1)))
+            return sum_lanes(builder, builder.fadd(half(builder, vec, 0), half(builder, vec, 1)))
 
         results = []
         for r in range(rows):

@@ -81,7 +81,8 @@ def available_paths() -> tuple[int, ...]:
     return tuple(paths)
 
 
-def _const(vty: ir.VectorType, value: int) -> ir.Constant:
+def const_vec(vty: ir.VectorType, value: int) -> ir.Constant:
+    """A vector constant with every lane = value."""
     return ir.Constant(vty, [value] * vty.count)
 
 
@@ -89,12 +90,12 @@ def _shuffle(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, indices: list[int]
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(indices)), indices))
 
 
-def _concat(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+def concat(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
     """The lanes of a, then those of b (same vector type)."""
     return _shuffle(builder, a, b, list(range(2 * a.type.count)))
 
 
-def _half(builder: ir.IRBuilder, vec: ir.Value, which: int) -> ir.Value:
+def half(builder: ir.IRBuilder, vec: ir.Value, which: int) -> ir.Value:
     """The low (0) or high (1) half of a vector's lanes."""
     count = vec.type.count // 2
     return _shuffle(builder, vec, vec, list(range(which * count, (which + 1) * count)))
@@ -120,11 +121,11 @@ def _vpdpbusd(builder: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: 
             builder,
             "llvm.x86.avx512.vpdpbusd.256",
             _V8I32,
-            [_half(builder, acc, h), _half(builder, unsigned, h), _half(builder, signed, h)],
+            [half(builder, acc, h), half(builder, unsigned, h), half(builder, signed, h)],
         )
         for h in (0, 1)
     ]
-    return _concat(builder, halves[0], halves[1])
+    return concat(builder, halves[0], halves[1])
 
 
 def _portable_lanes(builder, kind: str, weights, xv) -> ir.Value:
@@ -136,7 +137,7 @@ def _portable_lanes(builder, kind: str, weights, xv) -> ir.Value:
     else:
         w32 = builder.zext(weights, wide)
         if kind in _OFFSETS:
-            w32 = builder.sub(w32, _const(wide, _OFFSETS[kind]))
+            w32 = builder.sub(w32, const_vec(wide, _OFFSETS[kind]))
     prod = builder.mul(w32, builder.sext(xv, wide))
     lanes = None
     for t in range(4):
@@ -153,9 +154,9 @@ def _avx2_block_lanes(builder, kind: str, weights, xv, xl) -> ir.Value:
     else:
         unsigned, signed = weights, xv
     pairs = _intrinsic_call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [unsigned, signed])
-    lanes = _intrinsic_call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, _const(_V16I16, 1)])
+    lanes = _intrinsic_call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, const_vec(_V16I16, 1)])
     if kind in _OFFSETS:  # q - offset: minus offset times the lane's sum of activations
-        lanes = builder.sub(lanes, builder.shl(xl, _const(_V8I32, _OFFSETS[kind].bit_length() - 1)))
+        lanes = builder.sub(lanes, builder.shl(xl, const_vec(_V8I32, _OFFSETS[kind].bit_length() - 1)))
     return lanes
 
 
@@ -174,13 +175,13 @@ def scaled_lanes(
                 builder,
                 "llvm.x86.avx2.pmadd.ub.sw",
                 _V16I16,
-                [_half(builder, weights, h), _half(builder, act, h)],
+                [half(builder, weights, h), half(builder, act, h)],
             )
             pair_scales = builder.trunc(
                 _shuffle(builder, scales, scales, [8 * h + p // 2 for p in range(16)]), _V16I16
             )
             parts.append(_intrinsic_call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, pair_scales]))
-        return _concat(builder, parts[0], parts[1])
+        return concat(builder, parts[0], parts[1])
     if path == VNNI:
         lanes = _vpdpbusd(builder, ir.Constant(_V16I32, None), weights, act, wide)
     else:
@@ -222,10 +223,10 @@ class _Pair:
         quants = [builder.gep(s, [ir.Constant(_I64, quant_offset)]) for s in starts]
         if nibbles:  # per block: [low nibbles (weights 0..15), high nibbles (weights 16..31)]
             q = [load_vec(builder, p, _V16I8) for p in quants]
-            q = q[0] if blocks == 1 else _concat(builder, q[0], q[1])
+            q = q[0] if blocks == 1 else concat(builder, q[0], q[1])
             qty = q.type
-            lo = builder.and_(q, _const(qty, 15))
-            hi = builder.lshr(q, _const(qty, 4))
+            lo = builder.and_(q, const_vec(qty, 15))
+            hi = builder.lshr(q, const_vec(qty, 4))
             order = [
                 i
                 for b in range(blocks)
@@ -246,23 +247,23 @@ class _Pair:
                         ir.Constant(lanes32, None),
                     )
                     bits = builder.and_(
-                        builder.lshr(splat, ir.Constant(lanes32, list(range(32)))), _const(lanes32, 1)
+                        builder.lshr(splat, ir.Constant(lanes32, list(range(32)))), const_vec(lanes32, 1)
                     )
-                    fifths.append(builder.trunc(builder.shl(bits, _const(lanes32, 4)), _V32I8))
-                fifth = fifths[0] if blocks == 1 else _concat(builder, fifths[0], fifths[1])
+                    fifths.append(builder.trunc(builder.shl(bits, const_vec(lanes32, 4)), _V32I8))
+                fifth = fifths[0] if blocks == 1 else concat(builder, fifths[0], fifths[1])
                 weights = builder.or_(weights, fifth)
         else:
             q = [load_vec(builder, p, _V32I8) for p in quants]
-            weights = q[0] if blocks == 1 else _concat(builder, q[0], q[1])
+            weights = q[0] if blocks == 1 else concat(builder, q[0], q[1])
         self.weights = weights
         self.init = None
         self.vnni_signed = path == VNNI and kind in ("q4_0", "q8_0", "q5_0")
         if self.vnni_signed:  # signed weights against xq + 128: start from -128 * (sum of each four)
             if kind in _OFFSETS:
-                self.weights = builder.sub(weights, _const(weights.type, _OFFSETS[kind]))
+                self.weights = builder.sub(weights, const_vec(weights.type, _OFFSETS[kind]))
             ity = ir.VectorType(_I32, lanes)
-            sums = _vpdpbusd(builder, ir.Constant(ity, None), _const(weights.type, 1), self.weights, wide)
-            self.init = builder.sub(ir.Constant(ity, None), builder.shl(sums, _const(ity, 7)))
+            sums = _vpdpbusd(builder, ir.Constant(ity, None), const_vec(weights.type, 1), self.weights, wide)
+            self.init = builder.sub(ir.Constant(ity, None), builder.shl(sums, const_vec(ity, 7)))
 
 
 def _row_lanes(builder, kind: str, path: int, wide: bool, pair: _Pair, act, xl) -> ir.Value:
@@ -280,13 +281,13 @@ def _row_lanes(builder, kind: str, path: int, wide: bool, pair: _Pair, act, xl) 
         _avx2_block_lanes(
             builder,
             kind,
-            _half(builder, pair.weights, h),
-            _half(builder, act, h),
-            None if xl is None else _half(builder, xl, h),
+            half(builder, pair.weights, h),
+            half(builder, act, h),
+            None if xl is None else half(builder, xl, h),
         )
         for h in (0, 1)
     ]
-    return _concat(builder, parts[0], parts[1])
+    return concat(builder, parts[0], parts[1])
 
 
 def _codegen(kind: str, rows: int, path: int):
@@ -381,11 +382,11 @@ def _codegen(kind: str, rows: int, path: int):
         builder.position_at_end(tail)  # the odd last block: lanes 0-7 (the even blocks' chain)
         k_last = builder.sub(n_blocks, ir.Constant(_I64, 1))
         blk = builder.gep(row_ptr, [builder.mul(k_last, ir.Constant(_I64, block_bytes))])
-        low = [[_half(builder, acc, 0) for acc in row_phis] for row_phis in paired]
+        low = [[half(builder, acc, 0) for acc in row_phis] for row_phis in paired]
         tail_new = step(_Pair(builder, kind, path, wide, blk, 32), k_last, low, 32)
         merged = [
             [
-                _shuffle(builder, _concat(builder, v, v), acc, [*range(8), *range(24, 32)])
+                _shuffle(builder, concat(builder, v, v), acc, [*range(8), *range(24, 32)])
                 for v, acc in zip(row_new, row_phis, strict=True)
             ]
             for row_new, row_phis in zip(tail_new, paired, strict=True)
@@ -405,7 +406,7 @@ def _codegen(kind: str, rows: int, path: int):
             finals.append(row_finals)
         results = []
         for row_finals in finals:
-            halves = [builder.fadd(_half(builder, acc, 0), _half(builder, acc, 1)) for acc in row_finals]
+            halves = [builder.fadd(half(builder, acc, 0), half(builder, acc, 1)) for acc in row_finals]
             total = halves[0] if len(halves) == 1 else builder.fadd(halves[0], halves[1])
             results.append(sum_lanes(builder, total))
         return context.make_tuple(builder, signature.return_type, results)
