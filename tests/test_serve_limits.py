@@ -24,7 +24,7 @@ from cli_process import running_server
 from fastapi import Body, FastAPI, Request
 
 from infer.cli.serve.launch import ServerProcess
-from infer.cli.serve.limits import BodyLimit, HttpLimits
+from infer.cli.serve.limits import LINGER_S, BodyLimit, HttpLimits
 
 pytest_plugins = ["conftest_synthetic"]
 
@@ -224,6 +224,27 @@ def test_bodies_within_the_limit_pass_chunked_or_not(address: tuple[str, int]) -
         big = http.post("/raw", content=b" " * (SMALL_LIMIT + 1))
         assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
         assert "is 100001 bytes" in big.json()["error"]["message"]  # Content-Length: refused unread
+
+
+def test_an_answer_before_the_body_closes_lingering(address: tuple[str, int]) -> None:
+    """Refused unread, the answer ends in a FIN, and the server reads on (discarding) what the client
+    still sends: a plain close would answer those bytes with a reset, which can drop the end of the
+    413 (CI once saw httpx read its head, then lose its body). The lingering ends within its bound."""
+    with socket.create_connection(address) as sock:
+        sock.sendall(b"POST /raw HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
+        sock.settimeout(5)
+        answer = read_answer(sock)
+        assert status_of(answer) == 413 and _complete(answer), answer
+        assert sock.recv(100) == b""  # the server's side is done
+        for _ in range(5):  # a reset would come back within a round trip and fail a later send
+            sock.sendall(b" " * 100_000)
+            time.sleep(0.05)
+        started = time.monotonic()
+        with pytest.raises(OSError):  # but not for ever: LINGER_MAX_BYTES or LINGER_S end it
+            while time.monotonic() - started < 10:
+                sock.sendall(b" " * 100_000)
+                time.sleep(0.01)
+        assert time.monotonic() - started < LINGER_S + 2
 
 
 def test_a_body_that_stops_arriving_is_408(address: tuple[str, int]) -> None:

@@ -11,6 +11,11 @@ Two layers, because each bound has to act where the bytes are:
   request's headers are complete, so it cannot bound clients that never finish them).
 uvicorn's own `timeout_keep_alive` closes idle connections between requests, and h11's
 `max_incomplete_event_size` bounds the bytes of an unfinished request head.
+
+An answer given before the body was read (a 413 on `Content-Length`, a refused chunked body) closes
+the connection lingering, as nginx and Apache do: a plain close with the client's unread bytes in the
+socket makes the kernel send a reset, which drops whatever of the answer it had not yet sent (once
+seen in CI: httpx read the 413's head, then lost its body to the reset).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import asyncio
 import json
 import traceback
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import h11
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,6 +34,10 @@ from infer.cli.serve.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Bodies larger than this are refused (413): at once when `Content-Length` says so, else as they arrive."""
+LINGER_S = 2.0
+"""How long a lingering close reads on (and discards) what the client still sends after the answer."""
+LINGER_MAX_BYTES = 4 * 1024 * 1024
+"""How many bytes a lingering close discards before it closes anyway."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,56 @@ def _raw_response(status: int, reason: str, body: dict[str, Any], extra: str = "
     return head.encode("latin-1") + data
 
 
+class _LingeringTransport:
+    """The connection's transport as uvicorn sees it: `close()` while the client still owes request
+    body bytes sends the answer's end and a FIN (`write_eof`), then reads on, discarding, until the
+    client closes, `LINGER_S` pass or `LINGER_MAX_BYTES` arrive; every other close is immediate."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: GuardedH11Protocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self._timer: asyncio.TimerHandle | None = None
+        self.lingering = False
+        self.discarded = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        """Closing, lingering included (uvicorn must neither answer nor keep the connection alive)."""
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        """Close, lingering if the client is still sending a body no one will read."""
+        if self.is_closing():
+            return
+        owes_body = self._protocol.conn.their_state is h11.SEND_BODY
+        if not owes_body or not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        self.lingering = True
+        self._transport.write_eof()  # after what is buffered: the whole answer goes out first
+        self._transport.resume_reading()  # uvicorn paused it once the unread body filled its buffer
+        self._timer = self._protocol.loop.call_later(LINGER_S, self.close_now)
+
+    def discard(self, data: bytes) -> None:
+        """Drop bytes that arrived while lingering; close once there have been too many."""
+        self.discarded += len(data)
+        if self.discarded > LINGER_MAX_BYTES:
+            self.close_now()
+
+    def close_now(self) -> None:
+        """Close at once (a deadline passed, or the lingering ended)."""
+        self.cancel_timer()
+        self._transport.close()
+
+    def cancel_timer(self) -> None:
+        """Stop the lingering timer (the connection is gone)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline on request headers and a cap on open connections.
 
@@ -78,12 +137,14 @@ class GuardedH11Protocol(H11Protocol):
     limits: ClassVar[HttpLimits] = HttpLimits()
 
     _header_deadline: asyncio.TimerHandle | None = None
+    _lingering: _LingeringTransport
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Count the connection; beyond the cap answer 503 and close, else start the header deadline."""
         cap = self.limits.max_connections
         full = len(self.server_state.connections) >= cap or len(self.server_state.tasks) >= cap
-        super().connection_made(transport)
+        self._lingering = _LingeringTransport(transport, self)
+        super().connection_made(cast(asyncio.Transport, self._lingering))
         if full:
             body = error_body(
                 f"the server has {cap} connections open, its limit; try again later",
@@ -97,6 +158,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         """Feed h11, then keep the deadline only while the client owes the rest of a request."""
+        if self._lingering.lingering:
+            self._lingering.discard(data)
+            return
         super().data_received(data)
         if self._waiting_on_client() and not self.transport.is_closing():
             self._arm_header_deadline()  # a new request has begun (or the first is still coming)
@@ -110,8 +174,9 @@ class GuardedH11Protocol(H11Protocol):
         return their is h11.IDLE or (ours is h11.DONE and their is h11.SEND_BODY)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Drop the deadline with the connection."""
+        """Drop the deadline and the lingering timer with the connection."""
         self._clear_header_deadline()
+        self._lingering.cancel_timer()
         super().connection_lost(exc)
 
     def _arm_header_deadline(self) -> None:
@@ -133,7 +198,7 @@ class GuardedH11Protocol(H11Protocol):
                 f"the request headers did not arrive within {seconds:g} s", code="request_timeout"
             )
             self.transport.write(_raw_response(408, "Request Timeout", body))
-        self.transport.close()
+        self._lingering.close_now()  # a deadline: no lingering past it
 
 
 def guarded_protocol(limits: HttpLimits) -> type[GuardedH11Protocol]:
