@@ -220,15 +220,19 @@ class Soak:
         self.report.hang_ups += 1
 
     async def cancel(self, client: httpx.AsyncClient) -> None:
+        # On a client of its own: httpcore 1.0.9 can leave a cancelled request's connection in the
+        # pool for good (encode/httpcore#1093), and enough of those fill a shared pool until every
+        # later request fails with PoolTimeout against a healthy server. Closing the client drops it.
         body = {"prompt": self.rng.choice(PROMPTS), "max_tokens": 200, "ignore_eos": True}
-        task = asyncio.ensure_future(client.post("/v1/completions", json=body))
-        await asyncio.sleep(self.rng.uniform(0.05, 1.0))
-        if task.done():
-            self._status("cancel", task.result().status_code)
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
-            await task
+        async with httpx.AsyncClient(base_url=self.url, timeout=client.timeout) as own:
+            task = asyncio.ensure_future(own.post("/v1/completions", json=body))
+            await asyncio.sleep(self.rng.uniform(0.05, 1.0))
+            if task.done():
+                self._status("cancel", task.result().status_code)
+                return
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                await task
         self.kinds["cancel"] += 1
         self.report.cancellations += 1
 
