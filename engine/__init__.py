@@ -15,7 +15,8 @@ from typing import Any
 _EXPORTS: dict[str, tuple[str, str]] = {
     # running requests
     "Engine": ("runtime.engine", "Engine"),
-    "EngineConfig": ("runtime.engine", "EngineConfig"),
+    "EngineConfig": ("runtime.config", "EngineConfig"),
+    "EngineConfigError": ("runtime.config", "EngineConfigError"),
     "load_engine": ("runtime.engine", "load_engine"),
     "Request": ("runtime.request", "Request"),
     "RequestError": ("runtime.request", "RequestError"),

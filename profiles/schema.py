@@ -86,7 +86,8 @@ SamplerSection = _sampler_section()
 
 
 class SpeculativeSection(_Section):
-    """The `speculative:` section: speculative decoding."""
+    """The `speculative:` section: speculative decoding. Types only: the limits' ranges are checked
+    once, by the engine's own `check_spec_limits` (what `SpecConfig` runs), when settings resolve."""
 
     method: SpeculativeMethod = Field(
         "none",
@@ -95,24 +96,21 @@ class SpeculativeSection(_Section):
     )
     num_tokens: int = Field(
         5,
-        ge=1,
         description="Most tokens drafted per step (llama.cpp --draft-max); the length adapts below it.",
     )
     draft_min: int = Field(
-        0, ge=0, description="Drafts shorter than this are dropped, not verified (llama.cpp --draft-min)."
+        0, description="Drafts shorter than this are dropped, not verified (llama.cpp --draft-min)."
     )
     draft_model: str | None = Field(
         None, description="Draft model path (method draft_model); its tokenizer must be the model's."
     )
     p_min: float = Field(
         0.75,
-        ge=0.0,
-        le=1.0,
         description="Draft model: stop drafting when its top-1 probability falls below this "
         "(llama.cpp --draft-p-min).",
     )
-    ngram_min: int = Field(1, ge=1, description="Prompt lookup: shortest n-gram matched.")
-    ngram_max: int = Field(3, ge=1, description="Prompt lookup: longest n-gram matched.")
+    ngram_min: int = Field(1, description="Prompt lookup: shortest n-gram matched.")
+    ngram_max: int = Field(3, description="Prompt lookup: longest n-gram matched.")
     adaptive: bool = Field(
         True,
         description="Shrink the draft length after rejections (pausing after repeated misses) and grow "
@@ -162,7 +160,8 @@ def _not_zero(n_predict: int) -> int:
 
 class ProfileFile(_Section):
     """One profile YAML file. Every key is optional; what a file leaves out comes from `extends:` or the
-    built-in default (the defaults below)."""
+    built-in default (the defaults below). The engine limits (`ctx_size` ... `max_queue`) are typed
+    here and range-checked once, by the engine's own `EngineConfig`, when settings resolve."""
 
     extends: str | None = Field(
         None, description="Profile to inherit from: a shipped name or a path relative to this file."
@@ -185,13 +184,12 @@ class ProfileFile(_Section):
         "llama.cpp does, per 32-block for the legacy types and per 256 for the K-quants: faster, "
         "approximate) or blas (a float32 copy through BLAS).",
     )
-    ctx_size: int = Field(4096, ge=0, description="Context size in tokens; 0 = the model's trained context.")
-    batch_size: int = Field(512, ge=1, description="Prefill chunk: prompt tokens processed per step.")
-    max_batched_tokens: int = Field(2048, ge=1, description="Scheduler: most tokens in one step.")
-    max_num_seqs: int = Field(64, ge=1, description="Scheduler: most sequences running at once.")
+    ctx_size: int = Field(4096, description="Context size in tokens; 0 = the model's trained context.")
+    batch_size: int = Field(512, description="Prefill chunk: prompt tokens processed per step.")
+    max_batched_tokens: int = Field(2048, description="Scheduler: most tokens in one step.")
+    max_num_seqs: int = Field(64, description="Scheduler: most sequences running at once.")
     max_queue: int = Field(
         1024,
-        ge=0,
         description="Requests that may wait for a free sequence at once; one more is refused "
         "(the server answers 503 with Retry-After). 0 = no bound.",
     )

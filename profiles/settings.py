@@ -26,7 +26,9 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
+from infer.engine.runtime.config import EngineConfig, EngineConfigError
 from infer.engine.sampling import SamplingParams, SamplingParamsError
+from infer.engine.speculative.config import SpecConfigError, check_spec_limits
 from infer.profiles.flags import FLAGS
 from infer.profiles.loader import (
     DEFAULT_PROFILE,
@@ -319,24 +321,51 @@ def _adapter(spec: SettingSpec) -> TypeAdapter[Any]:
 
 def _check_cross_field(entries: Mapping[str, _Entry]) -> None:
     """Rules that span several settings (a single file cannot check them: its parent may set the rest)."""
-    lo, hi = entries["spec_ngram_min"], entries["spec_ngram_max"]
-    if lo.value > hi.value:
-        raise SettingsError(
-            f"{hi.source}: speculative.ngram_max must be >= speculative.ngram_min "
-            f"({lo.value}, from {lo.source}) (got {hi.value})"
-        )
     method, draft = entries["spec_method"], entries["spec_draft_model"]
     if method.value == "draft_model" and draft.value is None:
         raise SettingsError(
             f"{method.source}: speculative.method draft_model needs speculative.draft_model "
             f"(a model path; flag --spec-draft-model, env INFER_SPEC_DRAFT_MODEL)"
         )
-    shortest, longest = entries["spec_draft_min"], entries["spec_num_tokens"]
-    if shortest.value > longest.value:
-        raise SettingsError(
-            f"{shortest.source}: speculative.draft_min must be <= speculative.num_tokens "
-            f"({longest.value}, from {longest.source}) (got {shortest.value})"
+
+
+_SPEC_LIMITS: tuple[str, ...] = ("num_tokens", "draft_min", "p_min", "ngram_min", "ngram_max")
+"""The `speculative.*` keys `check_spec_limits` checks, in its argument order."""
+
+
+def _check_speculative(entries: Mapping[str, _Entry]) -> None:
+    """Check the speculative limits with the engine's own check (`SpecConfig`'s), once, naming the
+    source of the value it blames and of the one it was compared with."""
+    try:
+        check_spec_limits(*(entries[f"spec_{key}"].value for key in _SPEC_LIMITS))
+    except SpecConfigError as exc:
+        blamed = entries[exc.parameter].source
+        others = ", ".join(
+            f"spec_{key} from {entries[f'spec_{key}'].source}"
+            for key in _SPEC_LIMITS
+            if f"spec_{key}" != exc.parameter and f"spec_{key} = " in str(exc)
         )
+        message = f"{blamed}: {exc}"
+        raise SettingsError(f"{message} ({others})" if others else message) from None
+
+
+_ENGINE_LIMITS: tuple[str, ...] = (
+    "ctx_size",
+    "max_num_seqs",
+    "max_batched_tokens",
+    "batch_size",
+    "max_queue",
+)
+"""The settings that are `EngineConfig` fields of the same name (`kv_cache_memory` becomes bytes later)."""
+
+
+def _check_engine_limits(entries: Mapping[str, _Entry]) -> None:
+    """Check the engine limits with the engine's own check (`EngineConfig`'s), once, naming the source
+    of the value it refuses."""
+    try:
+        EngineConfig(**{name: entries[name].value for name in _ENGINE_LIMITS})
+    except EngineConfigError as exc:
+        raise SettingsError(f"{entries[exc.parameter].source}: {exc}") from None
 
 
 SPEC_KEYS_BY_METHOD: Mapping[str, frozenset[str]] = MappingProxyType(
@@ -455,6 +484,8 @@ def resolve_settings(flags: Mapping[str, Any], *, env: Mapping[str, str] | None 
         entries[spec.name] = entry
 
     _check_cross_field(entries)
+    _check_speculative(entries)
+    _check_engine_limits(entries)
     sampling = _check_sampler(entries)
     return Settings(
         profile_name=profile.name,

@@ -143,11 +143,6 @@ ERROR_CASES = {
         "p.yaml",
         ["p.yaml:1", "threads", "greater than or equal to 0"],
     ),
-    "batch_size below 1": (
-        {"p.yaml": "batch_size: 0\n"},
-        "p.yaml",
-        ["p.yaml:1", "batch_size", "greater than or equal to 1"],
-    ),
     "speculative method": (
         {"p.yaml": "speculative:\n  method: medusa\n"},
         "p.yaml",

@@ -176,9 +176,42 @@ def test_unknown_flag_name_is_a_programming_error() -> None:
         resolve_settings({"top_kk": 1}, env={})
 
 
+def test_speculative_limits_are_the_engine_check_naming_the_profile_line(tmp_path: Path) -> None:
+    """One road: the schema only types `speculative.*`; the range check is SpecConfig's own, run as
+    settings resolve (method none too), and it names the file and line of the value it blames."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text("speculative:\n  method: none\n  num_tokens: 0\n")
+    with pytest.raises(SettingsError, match=r"p\.yaml:3: spec_num_tokens must be at least 1, got 0"):
+        resolve_settings({"profile": str(profile)}, env={})
+    profile.write_text("speculative:\n  p_min: 1.5\n")
+    with pytest.raises(SettingsError, match=r"p\.yaml:2: spec_p_min must be in \[0, 1\], got 1.5"):
+        resolve_settings({"profile": str(profile)}, env={})
+    with pytest.raises(SettingsError, match=r"env INFER_SPEC_NGRAM_MAX: spec_ngram_max must be at least 1"):
+        resolve_settings({}, env={"INFER_SPEC_NGRAM_MAX": "0"})
+
+
+def test_engine_limits_are_the_engine_check_naming_their_source(tmp_path: Path) -> None:
+    """One road: `EngineConfig` checks its own fields; the settings layer only finds the value (a
+    profile line, a flag, an env variable) and names it in the error."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text("threads: 1\nbatch_size: 0\n")
+    with pytest.raises(SettingsError) as info:
+        resolve_settings({"profile": str(profile)}, env={})
+    assert str(info.value).endswith("p.yaml:2: batch_size must be at least 1, got 0.")
+    with pytest.raises(SettingsError, match=r"^flag --ctx-size: ctx_size must be at least 0, got -1\.$"):
+        resolve_settings({"ctx_size": "-1"}, env={})
+    with pytest.raises(SettingsError, match=r"^env INFER_MAX_NUM_SEQS: max_num_seqs must be at least 1"):
+        resolve_settings({}, env={"INFER_MAX_NUM_SEQS": "0"})
+    assert resolve_settings({"ctx_size": "0", "max_queue": "0"}, env={}).ctx_size == 0
+
+
 def test_cross_field_rules_name_their_sources(tmp_path: Path) -> None:
-    with pytest.raises(SettingsError, match=r"env INFER_SPEC_NGRAM_MAX: speculative.ngram_max must be >="):
+    with pytest.raises(SettingsError) as info:
         resolve_settings({"spec_ngram_min": 3}, env={"INFER_SPEC_NGRAM_MAX": "2"})
+    assert str(info.value) == (
+        "flag --spec-ngram-min: spec_ngram_min must be in [1, spec_ngram_max = 2], got 3. "
+        "(spec_ngram_max from env INFER_SPEC_NGRAM_MAX)"
+    )
     with pytest.raises(SettingsError, match=r"--spec-method: .*draft_model"):
         resolve_settings({"spec_method": "draft_model"}, env={})
     ok = resolve_settings({"spec_method": "draft_model", "spec_draft_model": "d.gguf"}, env={})

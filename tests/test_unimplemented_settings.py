@@ -56,7 +56,10 @@ def test_a_speculative_key_the_method_ignores_is_refused_naming_its_source(
 
 
 def test_draft_min_above_the_maximum_is_a_settings_error() -> None:
-    with pytest.raises(SettingsError, match=r"draft_min must be <= speculative\.num_tokens"):
+    with pytest.raises(
+        SettingsError,
+        match=r"flag --spec-draft-min: spec_draft_min must be in \[0, spec_num_tokens = 5\], got 6",
+    ):
         resolve_settings({"spec_method": "prompt_lookup", "spec_draft_min": 6}, env={})
 
 

@@ -17,18 +17,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from infer.engine.grammar import Constraint, GrammarError, GrammarVocabulary
 from infer.engine.models.base import Model
+from infer.engine.runtime.config import EngineConfig
 from infer.engine.runtime.drafting import DraftProposer
 from infer.engine.runtime.events import DoneEvent
 from infer.engine.runtime.executor import Executor
 from infer.engine.runtime.kv_budget import KVBudget
 from infer.engine.runtime.output import OutputProcessor
 from infer.engine.runtime.prefix_cache import PrefixCache
-from infer.engine.runtime.request import EngineBusy, FaultHook, Request, RequestError
+from infer.engine.runtime.request import EngineBusy, Request, RequestError
 from infer.engine.runtime.scheduler import ScheduledWork, Scheduler, SchedulerLimits
 from infer.engine.runtime.sequence import Sequence
 from infer.engine.runtime.stream import Completion, RequestStream
@@ -36,32 +37,6 @@ from infer.engine.runtime.updater import SequenceUpdater
 from infer.engine.sampling import SequenceSampler
 from infer.engine.speculative import AdaptiveLength, SpecCounters, load_draft_model
 from infer.engine.text.tokenizer import Tokenizer
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Engine limits (from the resolved settings)."""
-
-    ctx_size: int = 4096
-    """Positions per sequence (0 = the model's trained context); a prompt must be shorter, and
-    generation stops with `length` at the end."""
-    max_num_seqs: int = 16
-    """Sequences holding a KV slot at once; more requests queue."""
-    max_batched_tokens: int = 2048
-    """Rows in one forward pass."""
-    batch_size: int = 512
-    """Largest prefill chunk of one sequence per step."""
-    max_queue: int = 0
-    """Requests that may wait for a KV slot at once (0 = no bound); one more is refused with
-    EngineBusy, so a burst is shed instead of queueing without limit."""
-    kv_cache_bytes: int = 0
-    """KV memory the running sequences and kept prefixes may hold (0 = no bound beyond
-    max_num_seqs x ctx_size): a sequence waits until its prompt and token limit fit."""
-    prefix_caching: bool = False
-    """Keep finished prompts' whole prefill chunks in the KV cache and start a request that shares
-    them from there (see runtime.prefix_cache); the tokens are the same either way."""
-    fault_hook: FaultHook | None = None
-    """Test-only failure injection (see request.FaultHook)."""
 
 
 class Engine:

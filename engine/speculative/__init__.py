@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from infer.engine.speculative.adaptive import AdaptiveLength
 from infer.engine.speculative.base import DraftAsk, Drafter
-from infer.engine.speculative.config import SPEC_METHODS, SpecConfig, SpecConfigError, SpecMethod
+from infer.engine.speculative.config import (
+    SPEC_METHODS,
+    SpecConfig,
+    SpecConfigError,
+    SpecMethod,
+    check_spec_limits,
+)
 from infer.engine.speculative.counters import SpecCounters, merge, summary
 from infer.engine.speculative.draft_model import (
     DraftModelDrafter,
@@ -31,6 +37,7 @@ __all__ = [
     "SpecConfigError",
     "SpecCounters",
     "SpecMethod",
+    "check_spec_limits",
     "load_draft_model",
     "lookup",
     "merge",

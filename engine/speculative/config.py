@@ -47,19 +47,26 @@ class SpecConfig:
             raise SpecConfigError(
                 f"spec_method must be one of {', '.join(SPEC_METHODS)}, got {self.method!r}.", "spec_method"
             )
-        if self.num_tokens < 1:
-            raise SpecConfigError(
-                f"spec_num_tokens must be at least 1, got {self.num_tokens}.", "spec_num_tokens"
-            )
-        if not 0 <= self.draft_min <= self.num_tokens:
-            raise SpecConfigError(
-                f"spec_draft_min must be in [0, spec_num_tokens = {self.num_tokens}], got {self.draft_min}.",
-                "spec_draft_min",
-            )
-        if not 0.0 <= self.p_min <= 1.0:
-            raise SpecConfigError(f"spec_p_min must be in [0, 1], got {self.p_min}.", "spec_p_min")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise SpecConfigError(
-                f"spec_ngram_min must be in [1, spec_ngram_max = {self.ngram_max}], got {self.ngram_min}.",
-                "spec_ngram_min",
-            )
+        check_spec_limits(self.num_tokens, self.draft_min, self.p_min, self.ngram_min, self.ngram_max)
+
+
+def check_spec_limits(num_tokens: int, draft_min: int, p_min: float, ngram_min: int, ngram_max: int) -> None:
+    """The one check of the speculative limits (`SpecConfig`'s fields but the method), for a
+    `SpecConfig` and for the resolved settings (checked even when the method is none, so a profile's
+    bad value is found before a request turns speculation on). Raises `SpecConfigError`."""
+    if num_tokens < 1:
+        raise SpecConfigError(f"spec_num_tokens must be at least 1, got {num_tokens}.", "spec_num_tokens")
+    if not 0 <= draft_min <= num_tokens:
+        raise SpecConfigError(
+            f"spec_draft_min must be in [0, spec_num_tokens = {num_tokens}], got {draft_min}.",
+            "spec_draft_min",
+        )
+    if not 0.0 <= p_min <= 1.0:
+        raise SpecConfigError(f"spec_p_min must be in [0, 1], got {p_min}.", "spec_p_min")
+    if ngram_max < 1:
+        raise SpecConfigError(f"spec_ngram_max must be at least 1, got {ngram_max}.", "spec_ngram_max")
+    if not 1 <= ngram_min <= ngram_max:
+        raise SpecConfigError(
+            f"spec_ngram_min must be in [1, spec_ngram_max = {ngram_max}], got {ngram_min}.",
+            "spec_ngram_min",
+        )
