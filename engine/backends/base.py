@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -112,6 +112,17 @@ class HostSetup:
                 f"the {cls.name} backend computes in {', '.join(dtypes)}, got dtype {dtype!r}; "  # type: ignore[attr-defined]
                 "use dtype float32"
             )
+
+    @classmethod
+    def require_library(cls, load: Callable[[], Any], package: str, extra: str) -> Any:
+        """The library the backend runs on, from `load()` (its import), or BackendError naming the
+        pip extra that installs `package`."""
+        try:
+            return load()
+        except ImportError:
+            raise BackendError(
+                f"the {cls.name} backend needs {package}: pip install 'infer[{extra}]'"  # type: ignore[attr-defined]
+            ) from None
 
     @classmethod
     def from_options(cls, options: BackendOptions) -> Backend:

@@ -11,6 +11,7 @@ batch it runs in. The host-side helpers (bfloat16 rounding, launch geometry) are
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -110,10 +111,7 @@ class CudaBackend(HostSetup):
 
     def __init__(self, dtype: str = "float32") -> None:
         self.require_dtype(dtype)
-        try:
-            import cupy
-        except ImportError:
-            raise BackendError("the cuda backend needs cupy: pip install 'infer[cuda]'") from None
+        cupy = self.require_library(lambda: importlib.import_module("cupy"), "cupy", "cuda")
         self.dtype = dtype
         self.xp = cupy
         """cupy (the array module the envelope sampler runs on)."""

@@ -78,10 +78,7 @@ class MetalBackend(HostSetup):
 
     def __init__(self, dtype: str = "float32") -> None:
         self.require_dtype(dtype)
-        try:
-            mx = _mx()
-        except ImportError:
-            raise BackendError("the metal backend needs mlx: pip install 'infer[metal]'") from None
+        mx = self.require_library(_mx, "mlx", "metal")
         self.dtype = dtype
         self.mx = mx
         """mlx.core (the array module the envelope sampler runs on)."""
