@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -407,6 +407,7 @@ def write_tiny_model(
     tensor_quants: Mapping[str, str] | None = None,
     gguf_metadata: Mapping[str, Any] | None = None,
     vocab: int | None = None,
+    adjust_weights: Callable[[dict[str, np.ndarray]], None] | None = None,
 ) -> TinyModel:
     """Write one random model as `folder/model.gguf` and the folder `folder/hf`; return both paths.
 
@@ -424,6 +425,8 @@ def write_tiny_model(
         the key), e.g. {"general.architecture": "gptneox"}; the folder is unaffected.
         vocab: pad the vocabulary with filler tokens `<|filler_N|>` (no merge makes them) up to this
         size, for a model of a real model's shapes (scripts/gpu_synthetic.py).
+        adjust_weights: edits the random float32 weights (Hugging Face names) in place before both
+        files are written, for a model steered to some behaviour (tests/synthetic_vocab.py).
     """
     if quant not in (*QUANT_TYPES, *K_QUANTS):
         raise ValueError(f"quant must be one of {QUANT_TYPES}, not {quant!r}")
@@ -460,6 +463,8 @@ def write_tiny_model(
         tied=tied,
         bias=arch == "qwen2",
     )
+    if adjust_weights is not None:
+        adjust_weights(hf)
     if hf_dtype == "BF16" or quant == "BF16":
         hf = {name: bf16_round(w) for name, w in hf.items()}
     scaling = dict(LLAMA3_ROPE_SCALING) if rope_scaling == "llama3" else None

@@ -2,7 +2,9 @@
 
 Built once per model (about 0.2 s for a 49k vocabulary) and shared by every request. The table is
 made from our token bytes, our special-token set and our stop ids, and checked against our
-tokenizer entry by entry at build time, so a mask bit i always means our token i.
+tokenizer entry by entry at build time, so a mask bit i always means our token i; the tokenize
+callback llguidance forces text with is checked there too (it must spell exactly what it is given,
+on SentencePiece vocabularies that prefix a space as well).
 """
 
 from __future__ import annotations
@@ -23,8 +25,21 @@ class VocabularyMismatchError(RuntimeError):
     """llguidance's view of a token differs from ours (a mask would then allow the wrong tokens)."""
 
 
+TOKENIZE_PROBES = ("{", " {", '"key": [1, 2.5]}', "\n", "  x", "yes", " no", "a\tb")
+"""Texts the tokenize callback must spell exactly when the table is verified: the forced text of
+JSON and of grammars, with and without a leading space (where a space-prefixing SentencePiece
+encoder went wrong)."""
+
+
 class _Encoder:
-    """The callable + attributes `llguidance.TokenizerWrapper` reads from a tokenizer."""
+    """The callable + attributes `llguidance.TokenizerWrapper` reads from a tokenizer.
+
+    llguidance calls it for text it has to force (the `{` a JSON object starts with, a grammar's
+    literal) and expects tokens that spell exactly that text, as a piece in the middle of the
+    output: our `encode_fragment`. Should those tokens ever spell anything else, it answers with
+    llguidance's greedy tokenization over the token table instead (always exact, maybe not the
+    encoder's choice of tokens): a wrong answer would break the grammar at its first forced text.
+    """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
@@ -32,9 +47,17 @@ class _Encoder:
         self.bos_token_id = tokenizer.bos_id
         self.tokens = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
         self.special_token_ids = sorted(tokenizer.special_ids)
+        self.greedy: Callable[[str], list[int]] | None = None
+        """llguidance's greedy tokenizer, set once the LLTokenizer over this encoder exists."""
 
     def __call__(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text, parse_special=False, add_bos=False)
+        if not isinstance(text, str):
+            # TokenizerWrapper probes with bytes first; refusing them makes it pass str.
+            raise TypeError("the grammar tokenizer takes text")
+        ids = self._tokenizer.encode_fragment(text)
+        if self.greedy is not None and b"".join(self.tokens[i] for i in ids) != text.encode("utf-8"):
+            return self.greedy(text)
+        return ids
 
 
 def build_lltokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
@@ -47,7 +70,9 @@ def build_lltokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTok
     lltok = llguidance.LLTokenizer(
         llguidance.TokenizerWrapper(encoder), n_vocab=vocab_size, eos_token=sorted(tokenizer.stop_ids)
     )
+    encoder.greedy = lltok.greedy_tokenize
     verify_mapping(lltok, tokenizer, encoder.tokens)
+    verify_tokenize(lltok)
     return lltok
 
 
@@ -72,6 +97,16 @@ def verify_mapping(lltok: llguidance.LLTokenizer, tokenizer: Tokenizer, tokens: 
             f"llguidance's end tokens {sorted(lltok.eos_tokens)} differ from ours "
             f"{sorted(tokenizer.stop_ids)}"
         )
+
+
+def verify_tokenize(lltok: llguidance.LLTokenizer, probes: Sequence[str] = TOKENIZE_PROBES) -> None:
+    """llguidance's tokenization of each probe (through our callback) spells exactly the probe."""
+    for text in probes:
+        spelled = lltok.decode_bytes(lltok.tokenize_str(text))
+        if spelled != text.encode("utf-8"):
+            raise VocabularyMismatchError(
+                f"the grammar tokenizer spells {text!r} as {spelled!r}: forced text would break constraints"
+            )
 
 
 class GrammarVocabulary:

@@ -190,7 +190,10 @@ class Tokenizer:
         # tokenizer state, and flipping it per call would race between threads), made on first use:
         # with a 262k vocabulary it costs a second or so and ~200 MB that most runs never need.
         self._hf_plain: HFTokenizer | None = None
-        self._hf_plain_lock = threading.Lock()
+        # ... and one that also prefixes no space (`encode_fragment`), the plain one where the
+        # encoder prefixes none.
+        self._hf_fragment: HFTokenizer | None = None
+        self._hf_copies_lock = threading.Lock()
         self._token_bytes = token_bytes
         self.vocab_size: int = len(token_bytes)
         """Number of token ids (the model's embedding rows may be more)."""
@@ -212,12 +215,23 @@ class Tokenizer:
 
     def _plain(self) -> HFTokenizer:
         """The copy that encodes special-token text as plain text (built once, on first use)."""
-        with self._hf_plain_lock:
+        with self._hf_copies_lock:
             if self._hf_plain is None:
-                plain = HFTokenizer.from_str(self._hf.to_str())
-                plain.encode_special_tokens = True
-                self._hf_plain = plain
+                self._hf_plain = _plain_copy(self._hf.to_str())
             return self._hf_plain
+
+    def _fragment(self) -> HFTokenizer:
+        """The plain copy without the space prefix (built once, on first use)."""
+        plain = self._plain()
+        with self._hf_copies_lock:
+            if self._hf_fragment is None:
+                self._hf_fragment = plain
+                if _adds_space_prefix(self._hf):
+                    spec = json.loads(self._hf.to_str())
+                    spec["normalizer"] = _without_space_prefix(spec.get("normalizer"))
+                    spec["pre_tokenizer"] = _without_space_prefix(spec.get("pre_tokenizer"))
+                    self._hf_fragment = _plain_copy(json.dumps(spec))
+            return self._hf_fragment
 
     # ---- construction -------------------------------------------------------------------------
 
@@ -397,20 +411,18 @@ class Tokenizer:
         parse_special: special-token text such as "<|im_start|>" becomes that token (as llama-server
         does); False treats it as plain text. add_bos: prepend BOS; None follows the model's metadata.
         """
-        hf = self._hf if parse_special else self._plain()
-        try:
-            ids = hf.encode(text, add_special_tokens=False).ids
-        except TypeError:
-            # `tokenizers` refuses str with lone surrogates (JSON "\ud800", undecodable argv bytes).
-            index = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
-            if index is None:
-                raise
-            raise ValueError(f"text is not valid Unicode: lone surrogate at character {index}") from None
+        ids = self._checked_encode(self._hf if parse_special else self._plain(), text)
         if self.add_bos if add_bos is None else add_bos:
             if self.bos_id is None:
                 raise ValueError("this tokenizer has no BOS token to add")
             ids.insert(0, self.bos_id)
         return ids
+
+    def encode_fragment(self, text: str) -> list[int]:
+        """Token ids whose bytes spell exactly `text`, as a piece continuing other text (the forced
+        text of a grammar): no BOS, special-token text as plain text, and no space prefix, which
+        SentencePiece vocabularies otherwise give the start of a text (`{` would become `▁{`)."""
+        return self._checked_encode(self._fragment(), text)
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
         """The text of `ids`; bad or incomplete UTF-8 becomes U+FFFD. skip_special drops control tokens."""
@@ -421,6 +433,17 @@ class Tokenizer:
         if self.strip_leading_space and text.startswith(" "):
             text = text[1:]
         return text
+
+    @staticmethod
+    def _checked_encode(hf: HFTokenizer, text: str) -> list[int]:
+        try:
+            return hf.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            # `tokenizers` refuses str with lone surrogates (JSON "\ud800", undecodable argv bytes).
+            index = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+            if index is None:
+                raise
+            raise ValueError(f"text is not valid Unicode: lone surrogate at character {index}") from None
 
     def token_id(self, text: str) -> int | None:
         """The id of the token spelled exactly `text` (a special token's text included), or None."""
@@ -457,3 +480,38 @@ def _decoder_kinds(decoder: dict[str, Any] | None) -> set[str]:
     for child in decoder.get("decoders", []) or []:
         kinds |= _decoder_kinds(child)
     return kinds
+
+
+def _plain_copy(spec: str) -> HFTokenizer:
+    """A tokenizer from its JSON that encodes special-token text as plain text."""
+    plain = HFTokenizer.from_str(spec)
+    plain.encode_special_tokens = True
+    return plain
+
+
+def _adds_space_prefix(hf: HFTokenizer) -> bool:
+    """Whether the normalizer or the pre-tokenizer puts a space marker before the text."""
+    for part in (hf.normalizer, hf.pre_tokenizer):
+        spec = json.loads(part.__getstate__()) if part is not None else None
+        if _without_space_prefix(spec) != spec:
+            return True
+    return False
+
+
+def _without_space_prefix(component: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A normalizer or pre-tokenizer (tokenizer.json form) with the steps that prefix a space taken
+    out: `Prepend` normalizers (as built for GGUF SentencePiece vocabularies, and Llama's
+    tokenizer.json) and the prepending of `Metaspace` (older tokenizer.json files)."""
+    if component is None:
+        return None
+    kind = component.get("type")
+    if kind == "Prepend":
+        return None
+    if kind == "Metaspace":
+        legacy = {"add_prefix_space": False} if "add_prefix_space" in component else {}
+        return {**component, "prepend_scheme": "never", **legacy}
+    if kind == "Sequence":
+        key = "normalizers" if "normalizers" in component else "pretokenizers"
+        steps = [step for c in component.get(key, []) if (step := _without_space_prefix(c)) is not None]
+        return {**component, key: steps}
+    return component
