@@ -69,6 +69,7 @@ def test_quantized_linear_against_the_dequantized_product(quant: str, dtype: str
 
 
 @pytest.mark.real_model
+@pytest.mark.slow  # ~30 s on MLX's CPU build; the fast suite keeps the per-op parity tests above
 def test_reference_parity_on_the_default_model(default_model_path: Path, transformers_reference) -> None:
     """Every reference prompt in one batch along transformers' greedy path: each step's argmax is
     transformers' token and the top-5 logits are within PARITY_ATOL."""

@@ -47,6 +47,7 @@ def test_eight_concurrent_requests_match_their_solo_runs(engine: Engine) -> None
     assert len({len(engine.tokenizer.encode(t)) for t in PROMPTS}) > 4  # really different prompt lengths
 
 
+@pytest.mark.slow  # ~18 s: a 2,000-token prefill on the default model
 def test_long_prompt_is_prefilled_beside_decoding_sequences(engine: Engine) -> None:
     decoders = [engine.submit(_request(engine, text, n=40)) for text in PROMPTS[:3]]
     # Let the three get going, then admit a 2,000-token prompt.
