@@ -173,3 +173,15 @@ def test_default_model_logits_with_a_half_cache_stay_near_float32(default_model_
     clear = top_two[:, 1] - top_two[:, 0] > 0.2
     assert clear.sum() > len(sequence) // 2
     assert (logits["f16"].argmax(1)[clear] == logits["f32"].argmax(1)[clear]).all()
+
+
+@pytest.mark.real_model
+def test_the_cli_refuses_a_dtype_its_backend_mode_cannot_store(default_model_path: Path) -> None:
+    from cli_process import infer_cli
+
+    result = infer_cli("generate", "-p", "hi", "-n", "1", "--kv-cache-dtype", "f16", "--cpu-kernels", "blas")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "infer: error: flag --kv-cache-dtype: kv_cache_dtype f16 is not available on this cpu backend, which "
+        "stores the KV cache in f32 only (f16 runs on the cpu backend with cpu_kernels exact or int8)"
+    ]
