@@ -137,13 +137,15 @@ def environment_fingerprint(
     profile_path: Path | str | None = None,
     model: str | None = None,
     cpu_kernels: str | None = None,
+    kv_cache_dtype: str | None = None,
     server: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything about this machine and build that can change generated tokens or their speed.
 
     `backend`/`device` are the backend that really runs (after any fallback) and its device name;
     `profile_name`/`profile_path` the resolved profile; `model` the model file name; `cpu_kernels` the
-    cpu backend's matmul mode (exact, int8, blas) when it runs; `server` the identity of a remote
+    cpu backend's matmul mode (exact, int8, blas) when it runs; `kv_cache_dtype` how the KV cache
+    stores keys and values (f32, f16: f16 changes the logits); `server` the identity of a remote
     OpenAI-compatible server that generated instead (its `/v1/models` ids and version headers), added
     under `server` only when given.
     """
@@ -160,6 +162,7 @@ def environment_fingerprint(
         "backend": backend,
         "device": device or ("cpu" if backend == "cpu" else None),
         "cpu_kernels": cpu_kernels if backend == "cpu" else None,
+        "kv_cache_dtype": kv_cache_dtype,
         "cpu": cpu_info(),
         "profile": {"name": profile_name, "sha256": profile_hash(profile_path)},
         "model": model,

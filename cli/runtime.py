@@ -39,6 +39,7 @@ from infer.engine import (
     Engine,
     EngineConfig,
     FaultHook,
+    KVCacheDtypeError,
     ModelLoadError,
     load_engine,
     prepare_process,
@@ -128,6 +129,7 @@ def engine_config(settings: Settings, *, fault_hook: FaultHook | None = None) ->
         batch_size=settings.batch_size,
         max_queue=settings.max_queue,
         prefix_caching=settings.prefix_caching,
+        kv_cache_dtype=settings.kv_cache_dtype,
         kv_cache_bytes=memory_bytes(settings.kv_cache_memory),
         fault_hook=fault_hook,
     )
@@ -181,6 +183,9 @@ def open_engine(
         except ModelLoadError as exc:  # DraftModelError too: a draft model with another tokenizer
             shown.clear()
             fail(str(exc))
+        except KVCacheDtypeError as exc:  # one the backend (in its mode) cannot store
+            shown.clear()
+            fail(f"{settings.source('kv_cache_dtype')}: {exc}")
     if verbose:
         print(f"infer: loaded {name} in {engine.load_seconds:.1f} s ({choice.selected})", file=sys.stderr)
     float_copies = sorted(getattr(engine.model, "float_copies", ()))

@@ -64,6 +64,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "BACKEND_CLASSES": ("backends", "BACKEND_CLASSES"),
     "BACKEND_NAMES": ("backends", "BACKEND_NAMES"),
     "BackendError": ("backends", "BackendError"),
+    "KVCacheDtypeError": ("backends.kv_cache", "KVCacheDtypeError"),
     "BackendOptions": ("backends", "BackendOptions"),
     "kernel_modes": ("backends", "kernel_modes"),
     "prepare_process": ("backends", "prepare_process"),

@@ -25,6 +25,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "max_num_seqs": ("--max-num-seqs",),
     "max_queue": ("--max-queue",),
     "kv_cache_memory": ("--kv-cache-memory",),
+    "kv_cache_dtype": ("--kv-cache-dtype",),
     "prefix_caching": ("--prefix-caching",),
     "model": ("--model", "-m"),
     "n_predict": ("--n-predict", "-n"),

@@ -23,12 +23,13 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from infer.engine.backends import BACKEND_NAMES, kernel_modes
+from infer.engine.backends import BACKEND_NAMES, KV_CACHE_DTYPES, kernel_modes
 from infer.engine.sampling import SamplingParams
 
 Backend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # derived from the one backend registry
 DType = Literal["float32", "float16", "bfloat16"]
 CpuKernels = Literal[kernel_modes("cpu")]  # type: ignore[valid-type]  # the cpu backend's capabilities
+KvCacheDtype = Literal[tuple(KV_CACHE_DTYPES)]  # type: ignore[valid-type]  # the engine's one list
 SpeculativeMethod = Literal["none", "prompt_lookup", "draft_model"]
 
 
@@ -198,6 +199,14 @@ class ProfileFile(_Section):
         description="KV memory the running sequences (and kept prefixes) may hold: 2GiB, 512MiB, "
         "a fraction of RAM below 1 (0.25), or 0 = no bound. A request waits until its prompt and "
         "token limit fit; one that could never fit is refused.",
+    )
+    kv_cache_dtype: KvCacheDtype = Field(
+        "f32",
+        description="How the KV cache stores keys and values: f32 (float32, the reference tests' and "
+        "gates' choice) or f16 (IEEE halves, as llama.cpp's default: half the KV memory and half the "
+        "bytes attention reads per step, computed in float32; the cpu backend with cpu_kernels exact "
+        "or int8 only). A row's tokens stay the same alone or batched either way; f16 and f32 tokens "
+        "may differ.",
     )
     prefix_caching: bool = Field(
         False,

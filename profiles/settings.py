@@ -355,6 +355,7 @@ _ENGINE_LIMITS: tuple[str, ...] = (
     "max_batched_tokens",
     "batch_size",
     "max_queue",
+    "kv_cache_dtype",
 )
 """The settings that are `EngineConfig` fields of the same name (`kv_cache_memory` becomes bytes later)."""
 

@@ -1,7 +1,7 @@
 """Attention's share of a batch-1 decode step at long contexts, on a model at a real shape (issue 28).
 
 Usage: python scripts/bench_attention_share.py [--model PATH] [--contexts 4096,16384] [--threads 2]
-           [--cpu-kernels int8] [--tokens 32] [--repeats 20]
+           [--cpu-kernels int8] [--kv-cache-dtype f32,f16] [--tokens 32] [--repeats 20]
 
 A decode step at context L costs what it costs at a short context plus each layer's attention growing
 with L (reading L keys and values per KV head). Prefilling 16k tokens of a 1B model takes a quarter of
@@ -11,9 +11,10 @@ an hour on two cores, so instead of prefilling, this measures the two parts apar
   2. the backend's attention for one decode row of that model's heads against a KV cache of L
      positions of random keys/values (the same `attention` call and row kernel a decode step makes),
      per layer, median of `--repeats`, at L = 8 and at each `--contexts`.
-share(L) = layers x attn(L) / (step + layers x (attn(L) - attn(8))). The KV cache is float32 (4 bytes
-a value): at L positions a step reads layers x 2 x kv_heads x head_dim x 4 x L bytes of it, printed
-beside the share. Default model: the Llama 3.2 1B shape in Q4_K_M from scripts/bench_sizes.py.
+share(L) = layers x attn(L) / (step + layers x (attn(L) - attn(8))). The KV cache is stored as
+`--kv-cache-dtype` says (each of a comma-separated list in turn: f32, 4 bytes a value; f16, 2): at L
+positions a step reads layers x 2 x kv_heads x head_dim x bytes x L of it, printed beside the share.
+Default model: the Llama 3.2 1B shape in Q4_K_M from scripts/bench_sizes.py.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def decode_ms(engine: object, tokens: int) -> float:
 
 
 def attention_ms(engine: object, context: int, repeats: int) -> float:
-    """Median ms of one layer's attention for one decode row at `context` positions."""
+    """Median ms of one layer's attention for one decode row at `context` positions (the cache in the
+    engine's kv_cache_dtype)."""
     model = engine.model  # type: ignore[attr-defined]
     config, backend = model.config, model.backend
-    cache = backend_cache(model, context + 1)
+    cache = backend_cache(model, context + 1, engine.config.kv_cache_dtype)  # type: ignore[attr-defined]
     rng = np.random.default_rng(0)
     for layer in range(min(2, config.num_hidden_layers)):
         cache.keys[layer][0, :, : context + 1] = rng.standard_normal(
@@ -73,12 +75,12 @@ def attention_ms(engine: object, context: int, repeats: int) -> float:
     return 1e3 * statistics.median(times[2:])
 
 
-def backend_cache(model: object, capacity: int) -> object:
+def backend_cache(model: object, capacity: int, kv_dtype: str) -> object:
     """A one-slot cache of two layers at the model's KV shape (two: the timed calls alternate them)."""
     from infer.engine.backends.kv_cache import KVCache
 
     c = model.config  # type: ignore[attr-defined]
-    return KVCache.allocate(model.backend, 2, 1, c.num_key_value_heads, capacity, c.head_dim)  # type: ignore[attr-defined]
+    return KVCache.allocate(model.backend, 2, 1, c.num_key_value_heads, capacity, c.head_dim, kv_dtype)  # type: ignore[attr-defined]
 
 
 def main() -> None:
@@ -88,6 +90,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="4096,16384")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cpu-kernels", default="int8")
+    parser.add_argument("--kv-cache-dtype", default="f32", help="f32, f16, or both: f32,f16")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
@@ -101,7 +104,14 @@ def main() -> None:
         hint = "write it with scripts/bench_sizes.py --shapes 1b --mixes Q4_K_M, or give --model"
         print(f"bench_attention_share: error: no {path}; {hint}", file=sys.stderr)
         sys.exit(2)
-    engine = load_engine(path, EngineConfig(ctx_size=256, max_num_seqs=1), cpu_kernels=args.cpu_kernels)
+    for kv_dtype in args.kv_cache_dtype.split(","):
+        report(path, args, kv_dtype)
+
+
+def report(path: Path, args: argparse.Namespace, kv_dtype: str) -> None:
+    """The step, attention per layer and share at each context, with the KV cache in `kv_dtype`."""
+    engine_config = EngineConfig(ctx_size=256, max_num_seqs=1, kv_cache_dtype=kv_dtype)
+    engine = load_engine(path, engine_config, cpu_kernels=args.cpu_kernels)
     config = engine.model.config
     layers = config.num_hidden_layers
     step = decode_ms(engine, args.tokens)
@@ -109,14 +119,15 @@ def main() -> None:
     print(
         f"{path.name}: {layers} layers, {config.num_attention_heads} heads / {config.num_key_value_heads} "
         f"KV heads of {config.head_dim}; {args.cpu_kernels} kernels, {args.threads} threads, "
-        f"load {os.getloadavg()[0]:.2f}"
+        f"kv_cache_dtype {kv_dtype}, load {os.getloadavg()[0]:.2f}"
     )
     print(f"decode step at a short context: {step:.1f} ms/token; attention per layer at 8: {short:.3f} ms")
     print(f"{'context':>8} {'attn/layer ms':>14} {'step ms':>9} {'attention share':>16} {'KV read/step':>13}")
+    value_bytes = engine.cache.keys.dtype.itemsize
     for context in (int(text) for text in args.contexts.split(",")):
         attn = attention_ms(engine, context, args.repeats)
         total = step + layers * (attn - short)
-        kv_bytes = layers * 2 * config.num_key_value_heads * config.head_dim * 4 * context
+        kv_bytes = layers * 2 * config.num_key_value_heads * config.head_dim * value_bytes * context
         print(
             f"{context:>8} {attn:>14.3f} {total:>9.1f} {layers * attn / total:>16.1%} "
             f"{kv_bytes / 2**20:>10.0f} MiB"

@@ -1,8 +1,9 @@
 """Batch invariance with the CPU kernels, in the exact and int8 modes and for every family of block types
 (legacy, K-quant): a decode or verify row's logits are the same bits (==) alone, beside up to 63 other
 sequences of any lengths, at any place in the batch, next to prefill chunks, or as one of k+1 rows
-verifying drafts of its own sequence; identical prompts prefilled together give their solo tokens.
-Speculative decoding and `infer gate` rest on this (DESIGN.md, Determinism)."""
+verifying drafts of its own sequence; identical prompts prefilled together give their solo tokens;
+with a float32 or a half (`kv_cache_dtype: f16`) KV cache. Speculative decoding and `infer gate`
+rest on this (DESIGN.md, Determinism)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ KERNEL_CASES = [
 """(block type of every matrix, kernel mode) pairs the decode/verify test walks: each int8 path (Q8_0
 activations for the legacy types, Q8_K for the K-quants) and both exact kernel families."""
 
+HALF_KV_CASES = [("Q8_0", "exact"), ("Q4_K", "int8")]
+"""Pairs the decode/verify test walks again with `kv_cache_dtype: f16` (the attention kernels read
+halves; the matmuls are those of the f32 cases)."""
+
 
 @pytest.fixture(scope="module")
 def quantized_model(tiny_model_factory: Callable[..., object]) -> object:
@@ -54,13 +59,16 @@ def _forward(model, cache, segments: list[tuple[int, int, list[int]]]) -> np.nda
     return model.forward(batch, cache)
 
 
-@pytest.mark.parametrize(("quant", "mode"), KERNEL_CASES)
+@pytest.mark.parametrize(
+    ("quant", "mode", "kv_dtype"),
+    [(q, m, "f32") for q, m in KERNEL_CASES] + [(q, m, "f16") for q, m in HALF_KV_CASES],
+)
 def test_decode_and_verify_rows_are_bit_identical_in_any_batch(
-    tiny_model_factory, quant: str, mode: str
+    tiny_model_factory, quant: str, mode: str, kv_dtype: str
 ) -> None:
     tiny = tiny_model_factory(quant=quant, kv_heads=2, layers=2)
     model = build_model(load_checkpoint(tiny.gguf_path), CpuBackend(kernels=mode))
-    cache = model.make_cache(SLOTS + 1, CAPACITY)
+    cache = model.make_cache(SLOTS + 1, CAPACITY, kv_dtype)
     rng = np.random.default_rng(7)
     vocab = model.vocab_size
     # Every slot holds a prompt of its own length, prefilled alone (a run longer than the kernel
@@ -130,9 +138,11 @@ def _assert_batched_equal_solo(
     assert [s.result().token_ids for s in streams] == solo
 
 
-@pytest.mark.parametrize("mode", ["exact", "int8"])
-def test_sixteen_concurrent_requests_equal_their_solo_runs(quantized_model, mode: str) -> None:
-    config = EngineConfig(ctx_size=128, max_num_seqs=16, max_batched_tokens=256, batch_size=16)
+@pytest.mark.parametrize(("mode", "kv_dtype"), [("exact", "f32"), ("int8", "f32"), ("int8", "f16")])
+def test_sixteen_concurrent_requests_equal_their_solo_runs(quantized_model, mode: str, kv_dtype: str) -> None:
+    config = EngineConfig(
+        ctx_size=128, max_num_seqs=16, max_batched_tokens=256, batch_size=16, kv_cache_dtype=kv_dtype
+    )
     lengths = np.random.default_rng(3).integers(3, 40, 16).tolist()
     _assert_batched_equal_solo(quantized_model, config, lengths, max_tokens=12, seed_base=100, mode=mode)
 
@@ -149,12 +159,15 @@ def test_identical_prompts_prefilled_together_give_their_solo_tokens(tiny_model_
     )
 
 
-def test_long_prompts_prefilled_in_attention_blocks_give_their_solo_tokens(quantized_model) -> None:
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_long_prompts_prefilled_in_attention_blocks_give_their_solo_tokens(quantized_model, kv_dtype) -> None:
     """Prompts past ROW_ATTENTION_ROWS prefill through the blocked attention (on the backend's thread
     pool), in fixed chunks beside other sequences' prefill and decode rows: each request's tokens equal
-    its solo run's, greedy and seeded."""
+    its solo run's, greedy and seeded (with a float32 or a half KV cache)."""
     from infer.engine.backends.cpu import ROW_ATTENTION_ROWS
 
-    config = EngineConfig(ctx_size=384, max_num_seqs=6, max_batched_tokens=512, batch_size=192)
+    config = EngineConfig(
+        ctx_size=384, max_num_seqs=6, max_batched_tokens=512, batch_size=192, kv_cache_dtype=kv_dtype
+    )
     lengths = np.random.default_rng(5).integers(ROW_ATTENTION_ROWS + 10, 300, 6).tolist()
     _assert_batched_equal_solo(quantized_model, config, lengths, max_tokens=8, seed_base=200)

@@ -254,6 +254,10 @@ def test_fingerprint_has_the_documented_fields_and_diffs_by_key() -> None:
     changed["cpu"]["model"] = "Other CPU"
     keys = [key for key, _, _ in fingerprint_diff(fp, changed)]
     assert keys == ["blas[0].threads", "cpu.model"]
+    half = environment_fingerprint(
+        backend="cpu", profile_name="cpu", profile_path=ROOT / "profiles" / "cpu.yaml", kv_cache_dtype="f16"
+    )
+    assert fingerprint_diff(fp, half) == [("kv_cache_dtype", None, "f16")]
 
 
 # -- real model, separate processes ----------------------------------------------------------------------

@@ -100,8 +100,8 @@ class AdversarialModel:
         self._special = np.asarray(special_ids)
         self._tiny = tiny.model
 
-    def make_cache(self, slots: int, capacity: int) -> object:
-        return self._tiny.make_cache(slots, capacity)
+    def make_cache(self, slots: int, capacity: int, dtype: str = "f32") -> object:
+        return self._tiny.make_cache(slots, capacity, dtype)
 
     def forward(self, batch: ForwardBatch, cache: object) -> np.ndarray:
         rows = []

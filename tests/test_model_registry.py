@@ -61,8 +61,8 @@ class ToyModel:
     def vocab_size(self) -> int:
         return int(self.weights["embed"].shape[0])
 
-    def make_cache(self, slots: int, capacity: int) -> KVCache:
-        return KVCache.allocate(self.backend, 1, slots, 1, capacity, HEAD_DIM)
+    def make_cache(self, slots: int, capacity: int, dtype: str = "f32") -> KVCache:
+        return KVCache.allocate(self.backend, 1, slots, 1, capacity, HEAD_DIM, dtype)
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
         b, w = self.backend, self.weights

@@ -433,3 +433,23 @@ def test_a_sampler_flag_is_parsed_once_by_sampling_params(monkeypatch: pytest.Mo
     assert settings.temperature == 0.25 and settings.sampling.temperature == 0.25
     assert settings.seed is None, "seed -1 normalises to None, read from SamplingParams"
     assert settings.source("temperature") == Provenance("flag", "--temp")
+
+
+def test_kv_cache_dtype_reaches_the_engine_config_from_each_source(tmp_path: Path) -> None:
+    """One road: the profile schema types `kv_cache_dtype` (f32 or f16), EngineConfig carries it."""
+    from infer.cli.runtime import engine_config
+
+    default = resolve_settings({}, env={})
+    assert default.kv_cache_dtype == "f32" and engine_config(default).kv_cache_dtype == "f32"
+    flag = resolve_settings({"kv_cache_dtype": "f16"}, env={})
+    assert str(flag.source("kv_cache_dtype")) == "flag --kv-cache-dtype"
+    assert engine_config(flag).kv_cache_dtype == "f16"
+    env = resolve_settings({}, env={"INFER_KV_CACHE_DTYPE": "f16"})
+    assert env.kv_cache_dtype == "f16" and env.source("kv_cache_dtype").kind == "env"
+    profile = tmp_path / "p.yaml"
+    profile.write_text("cpu_kernels: int8\nkv_cache_dtype: f16\n")
+    assert engine_config(resolve_settings({"profile": str(profile)}, env={})).kv_cache_dtype == "f16"
+    with pytest.raises(
+        SettingsError, match=r"^env INFER_KV_CACHE_DTYPE: kv_cache_dtype must be 'f32' or 'f16'"
+    ):
+        resolve_settings({}, env={"INFER_KV_CACHE_DTYPE": "q8_0"})

@@ -522,6 +522,7 @@ def _bench_engine(
         "backend": choice.selected,
         "threads": settings.threads or _compute_threads(engine) or 0,
         "cpu_kernels": settings.cpu_kernels,
+        "kv_cache_dtype": settings.kv_cache_dtype,
         "load_seconds": round(engine.load_seconds, 3),
         "profile": settings.profile_name,
         "sampling": {"temperature": settings.sampling.temperature, "seed": seed},
@@ -531,6 +532,7 @@ def _bench_engine(
             profile_path=settings.profile_path,
             model=model_name,
             cpu_kernels=settings.cpu_kernels,
+            kv_cache_dtype=settings.kv_cache_dtype,
         ),
     }
     return results, header

@@ -133,6 +133,7 @@ def _fingerprint(settings: Settings) -> dict[str, Any]:
         profile_path=settings.profile_path,
         model=Path(model).name if model != "default" else "smollm2-135m-instruct",
         cpu_kernels=settings.cpu_kernels,
+        kv_cache_dtype=settings.kv_cache_dtype,
     )
 
 

@@ -14,6 +14,7 @@ from infer.engine.backends.base import Backend, BackendOptions, Capabilities, Co
 from infer.engine.backends.cpu import CpuBackend
 from infer.engine.backends.cuda import CudaBackend
 from infer.engine.backends.errors import BackendError
+from infer.engine.backends.kv_cache import KV_CACHE_DTYPES
 from infer.engine.backends.metal import MetalBackend
 
 
@@ -112,6 +113,7 @@ __all__ = [
     "BACKEND_CLASSES",
     "BACKEND_NAMES",
     "IMPLEMENTED",
+    "KV_CACHE_DTYPES",
     "Backend",
     "BackendError",
     "BackendOptions",

@@ -225,7 +225,10 @@ class Backend(Protocol):
         ...
 
     def zeros(self, shape: tuple[int, ...]) -> Array:
-        """A zero-filled array in the compute dtype (lazily committed where the platform allows)."""
+        """A zero-filled array in the compute dtype (lazily committed where the platform allows).
+        A backend that stores a KV cache in another dtype lists it in a `kv_cache_dtypes` attribute
+        (the cpu backend: f32 and f16 with its kernels) and takes the storage dtype as a second
+        argument here; one without the attribute stores f32 only (kv_cache.check_kv_cache_dtype)."""
         ...
 
     # -- ops on activations ---------------------------------------------------------------------

@@ -73,6 +73,12 @@ class StackedWeight:
     shape: tuple[int, ...]
 
 
+def _kernel_view(cache_array: np.ndarray) -> np.ndarray:
+    """A KV cache array as the numba kernels take it: float32 as is, a half cache as its bits (numba
+    has no float16 on the CPU; the kernels widen each element as they load it, kv_storage.py)."""
+    return cache_array.view(np.uint16) if cache_array.dtype == np.float16 else cache_array
+
+
 class CpuBackend(cpu_setup.CpuSetup):
     """Numpy implementation of the Backend protocol (float32), with numba kernels on GGUF blocks."""
 
@@ -126,6 +132,12 @@ class CpuBackend(cpu_setup.CpuSetup):
         """Thread pools for prefill attention blocks, by thread count (kernel modes)."""
         self.step_threads = cpu_setup.StepThreads(BackendOptions(self.name, dtype, kernels, threads))
         """The kernels' thread count in the step threads (see BackendOptions.threads)."""
+
+    @property
+    def kv_cache_dtypes(self) -> tuple[str, ...]:
+        """KV cache storage dtypes (`kv_cache_dtype`) in this mode: f32, and f16 with the kernels,
+        which widen each half as they load it (`blas` multiplies by the cache in place: f32 only)."""
+        return ("f32",) if self.kernel_mode == "blas" else ("f32", "f16")
 
     @property
     def block_formats(self) -> frozenset[str]:
@@ -236,18 +248,18 @@ class CpuBackend(cpu_setup.CpuSetup):
         c = np.float32(cap)
         return np.tanh(x / c) * c
 
-    def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
-        """Zeros in fresh anonymous pages, committed only as they are written, so untouched cache
-        memory costs no RSS. Page-aligned, so rows start on a cache line (with malloc's 16-byte
-        alignment a 256-byte key row straddles 5 lines instead of 4: decode attention reads 5 %
-        slower). Transparent huge pages are declined: numpy asks for them on large arrays, and with
-        2 MB pages the first position written in each (layer, slot, head) run commits 2 MB, so a
-        short generation on a 4096-position cache held ~360 MB of zeros."""
-        count = math.prod(shape)
-        region = mmap.mmap(-1, max(count * 4, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> np.ndarray:
+        """Zeros (float32, or `dtype`: float16 for a half KV cache) in fresh anonymous pages, committed only
+        as they are written, so untouched cache memory costs no RSS. Page-aligned, so rows start on a
+        cache line (with malloc's 16-byte alignment a 256-byte key row straddles 5 lines instead of 4:
+        decode attention reads 5 % slower). Transparent huge pages are declined: numpy asks for them on
+        large arrays, and with 2 MB pages the first position written in each (layer, slot, head) run
+        commits 2 MB, so a short generation on a 4096-position cache held ~360 MB of zeros."""
+        count, element = math.prod(shape), np.dtype(dtype)
+        region = mmap.mmap(-1, max(count * element.itemsize, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if hasattr(mmap, "MADV_NOHUGEPAGE"):
             region.madvise(mmap.MADV_NOHUGEPAGE)
-        return np.frombuffer(region, dtype=np.float32, count=count).reshape(shape)
+        return np.frombuffer(region, dtype=element, count=count).reshape(shape)
 
     def discard(self, array: np.ndarray) -> None:
         """Give the whole pages under `array` (a view into a `zeros` array, or of a read-only file map)
@@ -429,11 +441,12 @@ class CpuBackend(cpu_setup.CpuSetup):
         k: np.ndarray,
         v: np.ndarray,
     ) -> None:
-        """Scatter each row's keys/values to its (slot, position) in place."""
+        """Scatter each row's keys/values to its (slot, position) in place (a half cache: each value
+        rounded to the nearest half, ties to even)."""
         if self._rowops is not None:
             self._rowops.write_kv_rows(
-                cache.keys,
-                cache.values,
+                _kernel_view(cache.keys),
+                _kernel_view(cache.values),
                 layer,
                 slots,
                 positions,
@@ -456,6 +469,7 @@ class CpuBackend(cpu_setup.CpuSetup):
         keys, values = cache.keys[layer], cache.values[layer]
         if self.kernel_mode != "blas":
             return self._kernel_attention(q, keys, values, plan)
+        # blas reads the cache as float32 (kv_cache_dtypes: a half cache is refused when allocated)
         rows, heads, head_dim = q.shape
         if plan.aligned and plan.decode_rows.size == rows:
             return self._decode_attention(q, keys, values, plan).reshape(rows, heads, head_dim)
@@ -478,7 +492,16 @@ class CpuBackend(cpu_setup.CpuSetup):
         out = np.empty_like(q)
         short = plan.short_rows(ROW_ATTENTION_ROWS)
         if short.rows.size:
-            self._row_attention(q, keys, values, short.rows, short.slots, short.first, short.visible, out)
+            self._row_attention(
+                q,
+                _kernel_view(keys),
+                _kernel_view(values),
+                short.rows,
+                short.slots,
+                short.first,
+                short.visible,
+                out,
+            )
         for run in plan.prefill:
             if run.length > ROW_ATTENTION_ROWS:
                 rows = slice(run.row, run.row + run.length)

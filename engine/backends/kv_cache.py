@@ -2,6 +2,12 @@
 
 It holds storage and slot ownership only: how many positions of a slot are valid is the step
 loop's sequence position (the one position counter), which reaches the model through the batch.
+
+The storage dtype is the engine's `kv_cache_dtype`: `f32` (the compute dtype, what the reference
+tests and gates use) or `f16` (IEEE halves, half the memory and half the bytes attention reads per
+step; the backend rounds on write and widens to float32 on read). A backend offers the dtypes its
+`kv_cache_dtypes` lists (one without that attribute stores f32 only); another is refused before
+anything is allocated.
 """
 
 from __future__ import annotations
@@ -11,13 +17,17 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from infer.engine.backends.arrays import Array
+from infer.engine.backends.errors import BackendError
+
+KV_CACHE_DTYPES: dict[str, str] = {"f32": "float32", "f16": "float16"}
+"""`kv_cache_dtype` values (llama.cpp's spellings) -> the storage dtype they name."""
 
 
 class _Allocator(Protocol):
     """The Backend methods the cache needs (named here so the protocol module need not be imported)."""
 
     def zeros(self, shape: tuple[int, ...]) -> Array:
-        """A zero-filled array in the compute dtype."""
+        """A zero-filled array in the compute dtype (the f32 cache)."""
         ...
 
     def discard(self, array: Array) -> None:
@@ -26,9 +36,29 @@ class _Allocator(Protocol):
         ...
 
 
+class KVCacheDtypeError(BackendError):
+    """A `kv_cache_dtype` the backend (in its mode) cannot store, or none of KV_CACHE_DTYPES."""
+
+
+def check_kv_cache_dtype(backend: object, kv_dtype: str) -> None:
+    """Raise KVCacheDtypeError (one line) unless `backend` stores a KV cache in `kv_dtype`."""
+    if kv_dtype not in KV_CACHE_DTYPES:
+        raise KVCacheDtypeError(
+            f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_dtype!r}"
+        )
+    offered: tuple[str, ...] = getattr(backend, "kv_cache_dtypes", ("f32",))
+    if kv_dtype not in offered:
+        name = getattr(backend, "name", type(backend).__name__)
+        raise KVCacheDtypeError(
+            f"kv_cache_dtype {kv_dtype} is not available on this {name} backend, which stores the KV "
+            f"cache in {', '.join(offered)} only (f16 runs on the cpu backend with cpu_kernels exact or int8)"
+        )
+
+
 @dataclass
 class KVCache:
-    """Keys and values for every layer and slot: arrays [layers, slots, kv_heads, capacity, head_dim].
+    """Keys and values for every layer and slot: arrays [layers, slots, kv_heads, capacity, head_dim]
+    in the compute dtype or the `kv_cache_dtype` asked for (see `allocate`).
 
     The arrays are allocated once, by the backend. The CPU backend maps anonymous zero pages lazily
     (4 KB pages, transparent huge pages declined), so a slot only costs memory for the positions it
@@ -54,11 +84,25 @@ class KVCache:
 
     @classmethod
     def allocate(
-        cls, backend: _Allocator, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int
+        cls,
+        backend: _Allocator,
+        layers: int,
+        slots: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        dtype: str = "f32",
     ) -> KVCache:
-        """A cache with `slots` sequences of up to `capacity` positions each."""
+        """A cache with `slots` sequences of up to `capacity` positions each, stored in `dtype` (a
+        `kv_cache_dtype`: BackendError when the backend does not offer it)."""
+        check_kv_cache_dtype(backend, dtype)
         shape = (layers, slots, kv_heads, capacity, head_dim)
-        return cls(backend.zeros(shape), backend.zeros(shape), capacity, getattr(backend, "discard", None))
+        if dtype == "f32":
+            keys, values = backend.zeros(shape), backend.zeros(shape)
+        else:  # a backend that offers another dtype takes it as zeros' storage dtype
+            storage = KV_CACHE_DTYPES[dtype]
+            keys, values = backend.zeros(shape, storage), backend.zeros(shape, storage)  # type: ignore[call-arg]
+        return cls(keys, values, capacity, getattr(backend, "discard", None))
 
     @property
     def num_slots(self) -> int:

@@ -171,8 +171,9 @@ class Model(Protocol):
         """Rows of the output projection (logits per row)."""
         ...
 
-    def make_cache(self, slots: int, capacity: int) -> KVCache:
-        """A KV cache (created by the backend) for `slots` sequences of up to `capacity` tokens."""
+    def make_cache(self, slots: int, capacity: int, dtype: str = "f32") -> KVCache:
+        """A KV cache (created by the backend) for `slots` sequences of up to `capacity` tokens,
+        stored in `dtype` (a `kv_cache_dtype`: f32 or f16; BackendError when the backend lacks it)."""
         ...
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:
@@ -326,13 +327,13 @@ class DecoderModel:
         backend computes on that type, else as one float32 matrix."""
         return matrix_weight(self.backend, self.float_copies, tensors)
 
-    def make_cache(self, slots: int, capacity: int) -> KVCache:
-        """A KV cache for `slots` sequences of up to `capacity` tokens."""
+    def make_cache(self, slots: int, capacity: int, dtype: str = "f32") -> KVCache:
+        """A KV cache for `slots` sequences of up to `capacity` tokens, stored in `dtype`."""
         from infer.engine.backends.kv_cache import KVCache
 
         c = self.config
         return KVCache.allocate(
-            self.backend, c.num_hidden_layers, slots, c.num_key_value_heads, capacity, c.head_dim
+            self.backend, c.num_hidden_layers, slots, c.num_key_value_heads, capacity, c.head_dim, dtype
         )
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from infer.engine.backends.kv_cache import KV_CACHE_DTYPES
+
 if TYPE_CHECKING:
     from infer.engine.runtime.request import FaultHook
 
@@ -47,6 +49,11 @@ class EngineConfig:
     kv_cache_bytes: int = 0
     """KV memory the running sequences and kept prefixes may hold (0 = no bound beyond
     max_num_seqs x ctx_size): a sequence waits until its prompt and token limit fit."""
+    kv_cache_dtype: str = "f32"
+    """How the KV cache stores keys and values: f32 (the compute dtype; what the reference tests and
+    gates use) or f16 (IEEE halves rounded to nearest even, widened to float32 before any
+    arithmetic: half the memory and half the bytes attention reads per step). Either way a row's
+    logits are the same bits alone, batched or verifying drafts; f16 and f32 logits differ."""
     prefix_caching: bool = False
     """Keep finished prompts' whole prefill chunks in the KV cache and start a request that shares
     them from there (see runtime.prefix_cache); the tokens are the same either way."""
@@ -60,3 +67,8 @@ class EngineConfig:
                 raise EngineConfigError(f"{name} must be a whole number, got {value!r}.", name)
             if value < lowest:
                 raise EngineConfigError(f"{name} must be at least {lowest}, got {value}.", name)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            allowed = ", ".join(KV_CACHE_DTYPES)
+            raise EngineConfigError(
+                f"kv_cache_dtype must be one of {allowed}, got {self.kv_cache_dtype!r}.", "kv_cache_dtype"
+            )

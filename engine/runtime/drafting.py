@@ -34,6 +34,7 @@ class DraftProposer:
         chunk_size: int = 512,
         max_rows: int = 2048,
         vocab_limit: int = 0,
+        kv_cache_dtype: str = "f32",
     ) -> None:
         self.ctx_size = ctx_size
         self.drafters: dict[str, Drafter] = {"prompt_lookup": PromptLookupDrafter()}
@@ -47,6 +48,7 @@ class DraftProposer:
                 chunk_size=chunk_size,
                 max_rows=max_rows,
                 vocab_limit=vocab_limit,
+                kv_cache_dtype=kv_cache_dtype,
             )
 
     def release(self, seq: Sequence) -> None:

@@ -57,7 +57,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.config = config
         self.load_seconds = load_seconds
-        self.cache = model.make_cache(config.max_num_seqs, config.ctx_size)
+        self.cache = model.make_cache(config.max_num_seqs, config.ctx_size, config.kv_cache_dtype)
         prefix_cache = None
         if config.prefix_caching:
             window = getattr(model.config, "sliding_window", None)
@@ -76,6 +76,7 @@ class Engine:
             chunk_size=config.batch_size,
             max_rows=config.max_batched_tokens,
             vocab_limit=model.vocab_size,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         """The drafters of the speculative methods this engine can run, asked before each step."""
         self.executor = Executor(model, self.cache)
@@ -329,12 +330,14 @@ def load_engine(
     same backend, for speculative method draft_model (raises `DraftModelError` when its tokenizer is
     not the target's)."""
     from infer.engine.backends import create_backend
+    from infer.engine.backends.kv_cache import check_kv_cache_dtype
     from infer.engine.loader import load_checkpoint
     from infer.engine.models import build_model
 
     started = time.perf_counter()
     # a dtype the backend lacks fails before loading
     backend = create_backend(backend_name, dtype, kernels=cpu_kernels, threads=threads)
+    check_kv_cache_dtype(backend, config.kv_cache_dtype)  # so does a KV cache dtype it cannot store
     checkpoint = load_checkpoint(model_path)
     model = build_model(checkpoint, backend)
     drafter = None if draft_model is None else load_draft_model(draft_model, backend, checkpoint.tokenizer)

@@ -94,10 +94,18 @@ class DraftModelDrafter:
     """The `draft_model` drafter (see the module docstring)."""
 
     def __init__(
-        self, model: Model, *, slots: int, capacity: int, chunk_size: int, max_rows: int, vocab_limit: int
+        self,
+        model: Model,
+        *,
+        slots: int,
+        capacity: int,
+        chunk_size: int,
+        max_rows: int,
+        vocab_limit: int,
+        kv_cache_dtype: str = "f32",
     ) -> None:
         self.model = model
-        self.cache = model.make_cache(slots, capacity)
+        self.cache = model.make_cache(slots, capacity, kv_cache_dtype)  # stored as the target's
         self.cache.may_rewind = True  # drafts are rewound to the target's tokens: keep every position
         self.capacity = capacity
         self.chunk_size = chunk_size

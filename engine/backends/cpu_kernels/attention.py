@@ -9,9 +9,13 @@ widths cannot promise that: its blocking, and so its summation order, follows th
 The weighted sum of values is an LLVM intrinsic (`weighted_rows_64/16`) that keeps the sums in vector
 registers through the position loop, with the plain loop's arithmetic (mul, then add, per position).
 
+The cache may hold float32 or IEEE halves (as uint16 bits, `kv_cache_dtype: f16`): every element is
+widened to float32 as it is loaded (kv_storage.py), so the arithmetic and its order are the same for
+both; numba compiles one specialization per element type.
+
 numba's cache tracks only the source file of the cached function: after editing rowops.exp_f32, which
-the softmax inlines, or simd.py's load_vec and splat, which the weighted sum emits, touch this file so
-the kernel is recompiled.
+the softmax inlines, or simd.py's splat and kv_storage.py's loads, which the kernels emit, touch this
+file so the kernel is recompiled.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from .kv_storage import KV_ELEMENT_TYPES, element_pointer_type, kv_load, load_kv_vector
 from .rowops import exp_f32
-from .simd import exit_values, is_c_array, load_vec, splat
+from .simd import exit_values, is_c_array, splat
 
 _F32 = ir.FloatType()
 _I64 = ir.IntType(64)
@@ -38,13 +43,14 @@ def _weighted_rows_codegen(vectors: int):
 
     def codegen(context, builder, signature, args):
         weights = context.make_array(signature.args[0])(context, builder, args[0])
+        element = signature.args[1].dtype
         values = context.make_array(signature.args[1])(context, builder, args[1])
         out = context.make_array(signature.args[3])(context, builder, args[3])
         col = args[2]
         count = builder.extract_value(weights.shape, 0)
         width = builder.extract_value(values.shape, 1)
         weight_ptr = builder.bitcast(weights.data, _F32.as_pointer())
-        value_ptr = builder.gep(builder.bitcast(values.data, _F32.as_pointer()), [col])
+        value_ptr = builder.gep(builder.bitcast(values.data, element_pointer_type(element)), [col])
         out_ptr = builder.gep(builder.bitcast(out.data, _F32.as_pointer()), [col])
         zero = ir.Constant(_V16F, None)
         entry = builder.block
@@ -58,7 +64,10 @@ def _weighted_rows_codegen(vectors: int):
         row = builder.gep(value_ptr, [builder.mul(p, width)])
         updated = [
             builder.fadd(
-                acc, builder.fmul(w, load_vec(builder, builder.gep(row, [ir.Constant(_I64, 16 * c)]), _V16F))
+                acc,
+                builder.fmul(
+                    w, load_kv_vector(builder, builder.gep(row, [ir.Constant(_I64, 16 * c)]), element)
+                ),
             )
             for c, acc in enumerate(sums)
         ]
@@ -82,7 +91,7 @@ def _weighted_rows(vectors: int):
     def typer(typingctx, weights, values, col, out):
         if not (
             is_c_array(weights, types.float32, 1)
-            and is_c_array(values, types.float32, 2)
+            and any(is_c_array(values, element, 2) for element in KV_ELEMENT_TYPES)
             and is_c_array(out, types.float32, 1)
             and isinstance(col, types.Integer)
         ):
@@ -90,8 +99,9 @@ def _weighted_rows(vectors: int):
         return types.void(weights, values, types.int64, out), _weighted_rows_codegen(vectors)
 
     typer.__name__ = f"weighted_rows_{16 * vectors}"
-    typer.__doc__ = f"""(weights float32 [count], values float32 [count, width], col, out float32 [width]):
-    out[col : col + {16 * vectors}] = weights @ values[:, col : col + {16 * vectors}], positions in order."""
+    typer.__doc__ = f"""(weights float32 [count], values [count, width] (float32 or half bits), col,
+    out float32 [width]): out[col : col + {16 * vectors}] = weights @ values[:, col : col + {16 * vectors}],
+    positions in order."""
     return intrinsic(typer)
 
 
@@ -106,7 +116,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:
     these flags stay on its own instructions and never reach the caller's softmax arithmetic."""
     acc = np.float32(0.0)
     for j in range(a.shape[0]):
-        acc += a[j] * b[j]
+        acc += a[j] * kv_load(b[j])
     return acc
 
 
@@ -139,7 +149,8 @@ def window_row_attention(
     """out[r] = softmax(q[r] . K[slot, :, f:n]) V[slot, :, f:n] for r in `rows` (f = first[i], n =
     visible[i]: positions f..n-1; f > 0 for sliding-window attention).
 
-    q, out: float32 [batch_rows, heads, head_dim]; keys, values: [slots, kv_heads, capacity, head_dim];
+    q, out: float32 [batch_rows, heads, head_dim]; keys, values: [slots, kv_heads, capacity, head_dim],
+    float32 or half bits (uint16);
     rows, slots, first, visible: int64 [m]. Heads share kv heads in groups (grouped-query attention). Scores
     are not scaled here (the scale is folded into q). Parallel over (row, head): one task computes a
     whole row-head, so the thread count never changes a result (and a single decode row still has
@@ -185,7 +196,7 @@ def window_row_attention(
         for p in range(count):
             w = weights[p]
             for column in range(j, head_dim):
-                target[column] += w * head_values[p, column]
+                target[column] += w * kv_load(head_values[p, column])
         inverse = np.float32(1.0) / total
         for j in range(head_dim):
             target[j] *= inverse

@@ -96,9 +96,10 @@ def run_attention(
     """out = causal attention of one sequence's run of query rows against its cache.
 
     q, out: float32 [length, heads, head_dim] (the run's rows; scale folded into q); keys, values:
-    [kv_heads, capacity, head_dim] of the run's slot, positions 0..start+length-1 written; `start`: the
-    position of the run's first row; `window`: sliding-window width or None. With a pool, the blocks
-    run on its threads; without, one after another (the same bits either way)."""
+    [kv_heads, capacity, head_dim] of the run's slot (float32 or float16), positions
+    0..start+length-1 written; `start`: the position of the run's first row; `window`: sliding-window
+    width or None. With a pool, the blocks run on its threads; without, one after another (the same
+    bits either way)."""
     length, heads, head_dim = q.shape
     kv_heads = keys.shape[0]
     group = heads // kv_heads
@@ -109,11 +110,13 @@ def run_attention(
         stop = start + hi
         # Rows (t, g) of the block's queries for this kv head, one BLAS product for all of them.
         block_q = q[lo:hi, kv * group : (kv + 1) * group].reshape((hi - lo) * group, head_dim)
-        scores = block_q @ keys[kv, first:stop].T
+        # A half cache is widened block by block (exact): a float32 copy of what this block reads
+        # only, never of the whole cache; a float32 cache is read in place.
+        block_keys = np.asarray(keys[kv, first:stop], dtype=np.float32)
+        scores = block_q @ block_keys.T
         masked_softmax_(scores, group, start + lo, first, 0 if window is None else window)
-        out[lo:hi, kv * group : (kv + 1) * group] = (scores @ values[kv, first:stop]).reshape(
-            hi - lo, group, head_dim
-        )
+        block_values = np.asarray(values[kv, first:stop], dtype=np.float32)
+        out[lo:hi, kv * group : (kv + 1) * group] = (scores @ block_values).reshape(hi - lo, group, head_dim)
 
     jobs: list[Callable[[], None]] = [
         (lambda kv=kv, lo=lo: block(kv, lo)) for kv in range(kv_heads) for lo in range(0, length, BLOCK_ROWS)

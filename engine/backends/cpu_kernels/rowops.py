@@ -19,6 +19,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from .bits import f32_from_bits
+from .kv_storage import kv_store
 
 LANES = 16
 """Partial sums of the RMSNorm sum of squares (a multiple of the SIMD width, so LLVM vectorises them)."""
@@ -87,7 +88,8 @@ def rope_rows(x, rotations):
 @njit(cache=True)
 def write_kv_rows(keys, values, layer, slots, positions, k, v):
     """keys[layer, slots[i], :, positions[i]] = k[i] and the same for values, for every row i of
-    k, v [rows, kv_heads, head_dim]; keys, values [layers, slots, kv_heads, capacity, head_dim]."""
+    k, v float32 [rows, kv_heads, head_dim]; keys, values [layers, slots, kv_heads, capacity, head_dim]
+    in float32, or half bits (uint16) each rounded to the nearest half (ties to even)."""
     rows, kv_heads, head_dim = k.shape
     for i in range(rows):
         slot, position = slots[i], positions[i]
@@ -95,8 +97,8 @@ def write_kv_rows(keys, values, layer, slots, positions, k, v):
             key_target = keys[layer, slot, h, position]
             value_target = values[layer, slot, h, position]
             for j in range(head_dim):
-                key_target[j] = k[i, h, j]
-                value_target[j] = v[i, h, j]
+                key_target[j] = kv_store(keys, k[i, h, j])
+                value_target[j] = kv_store(values, v[i, h, j])
 
 
 @njit(inline="always", cache=True, fastmath={"contract"})
