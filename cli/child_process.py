@@ -50,11 +50,27 @@ def run_tied_module(
             command, stdout=stdout, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
         try:
-            out, err = child.communicate()
+            out, err = _communicate_interruptibly(child)
         except BaseException:
             _kill_group(child)
             raise
     return subprocess.CompletedProcess(command, child.returncode, out, err)
+
+
+def _communicate_interruptibly(child: subprocess.Popen[str]) -> tuple[str, str]:
+    """`child.communicate()`, returning to Python every `_SIGNAL_POLL_S` so that a signal is acted
+    on at once: the kernel may deliver a process-directed SIGINT or SIGTERM to any thread (numpy's
+    OpenBLAS threads, say), and then nothing wakes the main thread's select() while a silent child
+    says nothing; its handler would wait until the child ends (CI saw a SIGINTed pull hang)."""
+    while True:
+        try:
+            return child.communicate(timeout=_SIGNAL_POLL_S)
+        except subprocess.TimeoutExpired:
+            continue  # retrying communicate() loses no output (subprocess docs)
+
+
+_SIGNAL_POLL_S = 0.2
+"""How often a wait on a tied child returns to Python, where pending signal handlers run."""
 
 
 def _kill_group(child: subprocess.Popen[str]) -> None:
