@@ -42,6 +42,9 @@ class Terminal:
             try:
                 if not stderr_on_pty:
                     os.dup2(write_err, 2)
+                signal.signal(
+                    signal.SIGINT, signal.SIG_DFL
+                )  # as at a terminal, even if pytest runs with it ignored (a shell's & job)
                 os.execve(sys.executable, [sys.executable, "-c", ENTRY, *args], full)
             finally:
                 os._exit(127)

@@ -173,6 +173,8 @@ def _kill_pull_mid_download(
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # SIGINT as a user's shell leaves it, even when pytest inherited it ignored (an `&` job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert connected.wait(60), "pip never asked the index"
