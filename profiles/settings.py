@@ -339,14 +339,10 @@ def _check_speculative(entries: Mapping[str, _Entry]) -> None:
     try:
         check_spec_limits(*(entries[f"spec_{key}"].value for key in _SPEC_LIMITS))
     except SpecConfigError as exc:
-        blamed = entries[exc.parameter].source
-        others = ", ".join(
-            f"spec_{key} from {entries[f'spec_{key}'].source}"
-            for key in _SPEC_LIMITS
-            if f"spec_{key}" != exc.parameter and f"spec_{key} = " in str(exc)
-        )
-        message = f"{blamed}: {exc}"
-        raise SettingsError(f"{message} ({others})" if others else message) from None
+        message = f"{entries[exc.parameter].source}: {exc}"
+        if exc.compared_with is not None:
+            message += f" ({exc.compared_with} from {entries[exc.compared_with].source})"
+        raise SettingsError(message) from None
 
 
 _ENGINE_LIMITS: tuple[str, ...] = (

@@ -14,9 +14,11 @@ SPEC_METHODS: tuple[str, ...] = ("prompt_lookup", "draft_model")
 class SpecConfigError(ValueError):
     """A speculative setting out of range; `parameter` names the setting (`spec_num_tokens`, ...)."""
 
-    def __init__(self, message: str, parameter: str) -> None:
+    def __init__(self, message: str, parameter: str, compared_with: str | None = None) -> None:
         super().__init__(message)
         self.parameter = parameter
+        self.compared_with = compared_with
+        """The other setting the refused value was checked against (`spec_num_tokens`, ...), if any."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ def check_spec_limits(num_tokens: int, draft_min: int, p_min: float, ngram_min: 
         raise SpecConfigError(
             f"spec_draft_min must be in [0, spec_num_tokens = {num_tokens}], got {draft_min}.",
             "spec_draft_min",
+            "spec_num_tokens",
         )
     if not 0.0 <= p_min <= 1.0:
         raise SpecConfigError(f"spec_p_min must be in [0, 1], got {p_min}.", "spec_p_min")
@@ -69,4 +72,5 @@ def check_spec_limits(num_tokens: int, draft_min: int, p_min: float, ngram_min: 
         raise SpecConfigError(
             f"spec_ngram_min must be in [1, spec_ngram_max = {ngram_max}], got {ngram_min}.",
             "spec_ngram_min",
+            "spec_ngram_max",
         )
