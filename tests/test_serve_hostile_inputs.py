@@ -34,6 +34,11 @@ GREEDY = {
     "return_token_ids": True,
 }
 HEALTH_BOUND_S = 1.0
+# A stream beside a hostile request may take at most this many times its solo time. The stalls this
+# guards against were 18x and 35x (8.4 s and 16.6 s against 0.47 s); on the 2-core CI machine an
+# accepted request that really generates beside the stream (lark_chain_400) shares both cores with it
+# and measured 2.5x at best of three, refused ones up to 1.95x, so 2x failed there on noise alone.
+STALL_BOUND = 3.0
 
 
 class HealthWatch:
@@ -177,7 +182,7 @@ def test_no_hostile_request_stalls_a_greedy_stream_beside_it(default_server: Ser
     for name, case in HOSTILE.items():
         seconds, text, response, watch = _beside(url, case)
         for _ in range(2):  # a shared machine: the case's best of up to three tries, as solo's is of three
-            if seconds <= 2 * solo:
+            if seconds <= STALL_BOUND * solo:
                 break
             assert text == expected, name
             solo = min(solo, _stream_seconds(url)[0])
@@ -187,7 +192,7 @@ def test_no_hostile_request_stalls_a_greedy_stream_beside_it(default_server: Ser
         report.append(f"{name}: {response.status_code} {seconds:.2f}s ({seconds / solo:.2f}x)")
         check_answer(case, response)
         assert text == expected, name  # its solo tokens
-        assert seconds <= 2 * solo, "\n".join(report)
+        assert seconds <= STALL_BOUND * solo, "\n".join(report)
         assert max(watch.times, default=0.0) < HEALTH_BOUND_S, (name, watch.times)
     print(f"\nsolo {solo:.2f}s\n" + "\n".join(report))
 
