@@ -173,9 +173,11 @@ def _rope(x: np.ndarray, theta: float) -> np.ndarray:
     return x * cos + rotated * sin
 
 
-def reference_logits(model: TinyGemma3, ids: list[int], *, window: bool = True) -> np.ndarray:
+def reference_logits(
+    model: TinyGemma3, ids: list[int], *, window: bool = True, attn_softcap: float | None = None
+) -> np.ndarray:
     """Logits [len(ids), vocab] of Hugging Face's Gemma 3 text decoder in float64 (window off: every
-    layer sees the whole prefix)."""
+    layer sees the whole prefix; `attn_softcap`: attention scores soft-capped, as Gemma 2 does)."""
     w = {k: v.astype(np.float64) for k, v in model.weights.items()}
     n, heads, kv, d, eps = len(ids), model.heads, model.kv_heads, model.head_dim, model.eps
     x = w["model.embed_tokens.weight"][ids] * np.float64(np.float32(np.sqrt(model.hidden)))
@@ -202,6 +204,8 @@ def reference_logits(model: TinyGemma3, ids: list[int], *, window: bool = True) 
         for head in range(heads):
             g = head // (heads // kv)
             scores = q[:, head] @ k[:, g].T / np.sqrt(d)
+            if attn_softcap is not None:
+                scores = np.tanh(scores / attn_softcap) * attn_softcap
             scores = np.where(seen, scores, -np.inf)
             probs = np.exp(scores - scores.max(-1, keepdims=True))
             probs /= probs.sum(-1, keepdims=True)

@@ -13,7 +13,7 @@ from synthetic_gemma3 import TinyGemma3, reference_logits, write_tiny_gemma3
 from infer.engine.backends.cpu import CpuBackend
 from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.loader import load_checkpoint
-from infer.engine.models import ModelLoadError, build_model
+from infer.engine.models import build_model
 from infer.engine.models.gemma3 import FORGET_STRIDE, FULL, SLIDING, Gemma3Config
 
 pytest_plugins = ["conftest_synthetic"]
@@ -118,7 +118,12 @@ def test_final_logit_softcapping(tmp_path: Path) -> None:
     np.testing.assert_allclose(got, reference_logits(tiny, PROMPT[:9]), atol=1e-4)
 
 
-def test_attention_softcapping_is_refused(tmp_path: Path) -> None:
+CAP = 0.3
+"""An attention soft-cap small enough to bite on the tiny model's scores."""
+
+
+def _capped(tmp_path: Path) -> tuple[TinyGemma3, Path]:
+    """The tiny model and a copy of its file whose attention scores are soft-capped at CAP."""
     import gguf
 
     tiny = write_tiny_gemma3(tmp_path)
@@ -130,7 +135,7 @@ def test_attention_softcapping_is_refused(tmp_path: Path) -> None:
         value = field.contents()
         sub = gguf.GGUFValueType.get_type(value[0]) if isinstance(value, list) and value else None
         writer.add_key_value(key, value, field.types[0], sub_type=sub)
-    writer.add_float32("gemma3.attn_logit_softcapping", 50.0)
+    writer.add_float32("gemma3.attn_logit_softcapping", CAP)
     for tensor in reader.tensors:
         shape = [int(n) for n in reversed(tensor.shape)]
         raw = None if tensor.tensor_type == gguf.GGMLQuantizationType.F32 else tensor.tensor_type
@@ -140,8 +145,33 @@ def test_attention_softcapping_is_refused(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelLoadError, match="attention logit soft-capping"):
-        load_checkpoint(tmp_path / "capped.gguf")
+    return tiny, tmp_path / "capped.gguf"
+
+
+@pytest.mark.parametrize("kernels", ["exact", "blas"])
+def test_attention_softcapping_matches_the_reference_in_prefill_and_decode(
+    tmp_path: Path, kernels: str
+) -> None:
+    """Every attention path (the row kernel, blocked prefill, BLAS prefill and batched decode)
+    soft-caps the scores as transformers does (Gemma 2's attn_logit_softcapping)."""
+    from infer.engine.backends.cpu import ROW_ATTENTION_ROWS
+
+    tiny, path = _capped(tmp_path)
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.config.attn_logit_softcapping == pytest.approx(CAP)
+    model = build_model(checkpoint, CpuBackend(kernels=kernels))
+    capped = reference_logits(tiny, PROMPT, attn_softcap=CAP)
+    assert np.abs(capped - reference_logits(tiny, PROMPT)).max() > 1e-2  # the cap bites
+    got = _forward(model, model.make_cache(1, 64), [(0, 0, PROMPT)])
+    np.testing.assert_allclose(got, capped, atol=2e-4, rtol=1e-4)
+    cache = model.make_cache(2, 64)  # decode rows of two sequences together, one token at a time
+    _forward(model, cache, [(0, 0, PROMPT[:3]), (1, 0, PROMPT[:3])])
+    for step in range(3, len(PROMPT)):
+        rows = _forward(model, cache, [(0, step, [PROMPT[step]]), (1, step, [PROMPT[step]])])
+        np.testing.assert_allclose(rows, np.stack([capped[step]] * 2), atol=2e-4, rtol=1e-4)
+    long = [(7 * i + 3) % 300 + 1 for i in range(ROW_ATTENTION_ROWS + 20)]
+    got = _forward(model, model.make_cache(1, len(long)), [(0, 0, long)])
+    np.testing.assert_allclose(got, reference_logits(tiny, long, attn_softcap=CAP), atol=2e-4, rtol=1e-4)
 
 
 def test_sliding_layers_give_back_positions_past_every_window(tiny: TinyGemma3) -> None:

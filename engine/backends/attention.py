@@ -64,6 +64,9 @@ class AttentionPlan:
     """Sliding-window attention: a row at position p sees positions (p - window, p] only; None: all <= p."""
     row_first: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """First position every batch row attends to (0 without a window), int64 [rows]."""
+    softcap: float | None = None
+    """Attention-score soft-capping (Gemma 2): scores become cap * tanh(scores / cap) before the
+    mask and the softmax; None: none. A backend that cannot apply it refuses the plan."""
     decode_offset: int = 0
     """First cache position the batched decode rows read (the smallest of their first positions);
     `decode_mask`, when set, covers positions [decode_offset, decode_width)."""
@@ -94,6 +97,12 @@ class AttentionPlan:
             row_run_length=np.repeat(lengths, lengths).astype(np.int64),
             row_first=np.zeros(int(lengths.sum()), dtype=np.int64),
         )
+
+    def with_softcap(self, cap: float) -> AttentionPlan:
+        """The same batch with attention scores soft-capped at `cap` (> 0)."""
+        if not cap > 0:
+            raise ValueError(f"attention soft-capping must be positive, got {cap}")
+        return replace(self, softcap=float(cap))
 
     def with_window(self, window: int) -> AttentionPlan:
         """The same batch with sliding-window attention: each row sees its last `window` positions.

@@ -73,6 +73,16 @@ class StackedWeight:
     shape: tuple[int, ...]
 
 
+def _softcap_(scores: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(scores / cap) in place, float32, in transformers' order (Gemma 2's attention
+    soft-capping: divide, tanh, multiply)."""
+    c = np.float32(cap)
+    scores /= c
+    np.tanh(scores, out=scores)
+    scores *= c
+    return scores
+
+
 def _kernel_view(cache_array: np.ndarray) -> np.ndarray:
     """A KV cache array as the numba kernels take it: float32 as is, a half cache as its bits (numba
     has no float16 on the CPU; the kernels widen each element as they load it, kv_storage.py)."""
@@ -482,7 +492,7 @@ class CpuBackend(cpu_setup.CpuSetup):
                 picked = dense_out[plan.decode_slots - plan.slot_lo]
                 out[plan.decode_rows] = picked.reshape(-1, heads, head_dim)
         for run in plan.prefill:
-            self._prefill_attention(q, keys, values, run, out, plan.window)
+            self._prefill_attention(q, keys, values, run, out, plan.window, plan.softcap)
         return out
 
     def _kernel_attention(
@@ -501,6 +511,7 @@ class CpuBackend(cpu_setup.CpuSetup):
                 short.first,
                 short.visible,
                 out,
+                plan.softcap or 0.0,
             )
         for run in plan.prefill:
             if run.length > ROW_ATTENTION_ROWS:
@@ -513,6 +524,7 @@ class CpuBackend(cpu_setup.CpuSetup):
                     plan.window,
                     out[rows],
                     self._block_pool(),
+                    plan.softcap,
                 )
         return out
 
@@ -537,10 +549,11 @@ class CpuBackend(cpu_setup.CpuSetup):
         run: PrefillRun,
         out: np.ndarray,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         """The rows of one prefill run against their sequence's positions, causally (and within the
         sliding `window` when given: positions before the run's first row's window are not read),
-        into `out`."""
+        scores soft-capped when `softcap` is given, into `out`."""
         _, heads, head_dim = q.shape
         kv_heads = keys.shape[1]
         group = heads // kv_heads
@@ -548,6 +561,8 @@ class CpuBackend(cpu_setup.CpuSetup):
         first = 0 if window is None else max(0, run.start + 1 - window)
         seg_q = q[row : row + length].reshape(length, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
         scores = seg_q @ keys[run.slot, :, first:total].transpose(0, 2, 1)[:, None]
+        if softcap is not None:
+            scores = _softcap_(scores, softcap)
         scores += causal_mask(run.start, length, window, first)
         self.softmax_(scores)
         seg_out = scores @ values[run.slot, :, first:total][:, None]
@@ -569,6 +584,8 @@ class CpuBackend(cpu_setup.CpuSetup):
             dense_q[plan.decode_slots - lo] = q[plan.decode_rows].reshape(-1, kv_heads, group, head_dim)
         offset = plan.decode_offset  # > 0 only when every row's sliding window starts past it
         scores = dense_q @ keys[lo:hi, :, offset:width].transpose(0, 1, 3, 2)
+        if plan.softcap is not None:
+            scores = _softcap_(scores, plan.softcap)
         if plan.decode_mask is not None:
             scores += plan.decode_mask
         # Normalising the [.., group, head_dim] output instead of the scores saves a pass over them.

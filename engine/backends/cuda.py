@@ -344,6 +344,11 @@ class CudaBackend(HostSetup):
                 "sliding-window attention (Gemma 3) is not implemented on the cuda backend yet; "
                 "use --profile cpu or metal"
             )
+        if plan.softcap is not None:
+            raise BackendError(
+                "attention soft-capping (Gemma 2) is not implemented on the cuda backend yet; "
+                "use --profile cpu"
+            )
         cp = self.xp
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         rows, heads, head_dim = q.shape

@@ -291,6 +291,11 @@ class MetalBackend(HostSetup):
         """Decode rows through one `scaled_dot_product_attention` over their slots (a boolean mask
         hides each row's positions past its own), each prefill run through one more with a causal
         mask; the scale is 1 (the model folds 1/sqrt(d) into q's rotations)."""
+        if plan.softcap is not None:
+            raise BackendError(
+                "attention soft-capping (Gemma 2) is not implemented on the metal backend yet; "
+                "use --profile cpu"
+            )
         mx = self.mx
         rows = q.shape[0]
         q = self._activation(q)

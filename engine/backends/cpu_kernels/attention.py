@@ -128,10 +128,11 @@ def row_attention(
     slots: np.ndarray,
     visible: np.ndarray,
     out: np.ndarray,
+    softcap: float = 0.0,
 ) -> None:
     """out[r] = softmax(q[r] . K[slot, :, :n]) V[slot, :, :n] for r in `rows` (n = visible[i]); see
     `window_row_attention`, which this is with every row seeing from position 0."""
-    window_row_attention(q, keys, values, rows, slots, np.zeros_like(visible), visible, out)
+    window_row_attention(q, keys, values, rows, slots, np.zeros_like(visible), visible, out, softcap)
 
 
 # error_model="numpy": no zero check on float division (it would keep LLVM from vectorising).
@@ -145,9 +146,11 @@ def window_row_attention(
     first: np.ndarray,
     visible: np.ndarray,
     out: np.ndarray,
+    softcap: float = 0.0,
 ) -> None:
     """out[r] = softmax(q[r] . K[slot, :, f:n]) V[slot, :, f:n] for r in `rows` (f = first[i], n =
-    visible[i]: positions f..n-1; f > 0 for sliding-window attention).
+    visible[i]: positions f..n-1; f > 0 for sliding-window attention); with softcap > 0 every score s
+    becomes softcap * tanh(s / softcap) first (Gemma 2's attention soft-capping).
 
     q, out: float32 [batch_rows, heads, head_dim]; keys, values: [slots, kv_heads, capacity, head_dim],
     float32 or half bits (uint16);
@@ -160,6 +163,7 @@ def window_row_attention(
     head_dim = q.shape[2]
     kv_heads = keys.shape[1]
     group = heads // kv_heads
+    cap = np.float32(softcap)
     for task in numba.prange(rows.shape[0] * heads):
         i = task // heads
         head = task % heads
@@ -172,6 +176,8 @@ def window_row_attention(
         top = np.float32(-np.inf)
         for p in range(count):
             score = _dot(query, head_keys[f + p])
+            if cap > 0:
+                score = cap * np.tanh(score / cap)
             weights[p] = score
             if score > top:
                 top = score

@@ -31,13 +31,15 @@ BLOCK_ROWS = 64
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def masked_softmax_(scores, group, row_position, first_position, window):
+def masked_softmax_(scores, group, row_position, first_position, window, softcap):
     """In place, for scores float32 [rows * group, columns] (row i is query row i // group, at position
     row_position + i // group; column c is position first_position + c): softmax over the positions the
     row sees (at most its own; with window > 0 also above its own minus window), 0 elsewhere. Each row
     is reduced on its own; its maximum and sum run in LANES partial results (so LLVM vectorises them)
-    reduced by a fixed tree, an order fixed by the row's width."""
+    reduced by a fixed tree, an order fixed by the row's width. softcap > 0: each seen score s is
+    first softcap * tanh(s / softcap) (Gemma 2)."""
     rows, columns = scores.shape
+    cap = np.float32(softcap)
     lanes = np.empty(LANES, np.float32)
     for i in range(rows):
         position = row_position + i // group
@@ -49,6 +51,9 @@ def masked_softmax_(scores, group, row_position, first_position, window):
         # wraparound and vectorise (from a variable start they ran 7x slower).
         row = scores[i, start:stop]
         count = stop - start
+        if cap > 0:
+            for c in range(count):
+                row[c] = cap * np.tanh(row[c] / cap)
         full = count - count % LANES
         for lane in range(LANES):
             lanes[lane] = -np.inf
@@ -92,14 +97,15 @@ def run_attention(
     window: int | None,
     out: np.ndarray,
     pool: ThreadPoolExecutor | None,
+    softcap: float | None = None,
 ) -> None:
     """out = causal attention of one sequence's run of query rows against its cache.
 
     q, out: float32 [length, heads, head_dim] (the run's rows; scale folded into q); keys, values:
     [kv_heads, capacity, head_dim] of the run's slot (float32 or float16), positions
     0..start+length-1 written; `start`: the position of the run's first row; `window`: sliding-window
-    width or None. With a pool, the blocks run on its threads; without, one after another (the same
-    bits either way)."""
+    width or None; `softcap`: attention soft-capping or None. With a pool, the blocks run on its
+    threads; without, one after another (the same bits either way)."""
     length, heads, head_dim = q.shape
     kv_heads = keys.shape[0]
     group = heads // kv_heads
@@ -114,7 +120,7 @@ def run_attention(
         # only, never of the whole cache; a float32 cache is read in place.
         block_keys = np.asarray(keys[kv, first:stop], dtype=np.float32)
         scores = block_q @ block_keys.T
-        masked_softmax_(scores, group, start + lo, first, 0 if window is None else window)
+        masked_softmax_(scores, group, start + lo, first, 0 if window is None else window, softcap or 0.0)
         block_values = np.asarray(values[kv, first:stop], dtype=np.float32)
         out[lo:hi, kv * group : (kv + 1) * group] = (scores @ block_values).reshape(hi - lo, group, head_dim)
 
