@@ -11,8 +11,14 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from infer.engine.models.base import Checkpoint, Model, ModelConfig, ModelFamily, ModelLoadError
+from infer.engine.models.gemma2 import GEMMA2_FAMILY
 from infer.engine.models.gemma3 import GEMMA3_FAMILY
+from infer.engine.models.granite import GRANITE_FAMILY
 from infer.engine.models.llama import LLAMA_FAMILY
+from infer.engine.models.olmo2 import OLMO2_FAMILY
+from infer.engine.models.phi3 import PHI3_FAMILY
+from infer.engine.models.qwen3 import QWEN3_FAMILY
+from infer.engine.models.smollm3 import SMOLLM3_FAMILY
 
 if TYPE_CHECKING:
     from infer.engine.backends.base import Backend
@@ -69,7 +75,18 @@ class FamilyRegistry:
         )
 
 
-REGISTRY = FamilyRegistry([LLAMA_FAMILY, GEMMA3_FAMILY])
+REGISTRY = FamilyRegistry(
+    [
+        LLAMA_FAMILY,
+        GEMMA2_FAMILY,
+        GEMMA3_FAMILY,
+        QWEN3_FAMILY,
+        OLMO2_FAMILY,
+        GRANITE_FAMILY,
+        SMOLLM3_FAMILY,
+        PHI3_FAMILY,
+    ]
+)
 """The families this build knows; tests and plug-ins add theirs with `register`."""
 
 

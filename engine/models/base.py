@@ -70,15 +70,19 @@ SUPPORTED_ROPE_TYPES = frozenset({"default", "linear", "llama3"})
 
 
 def hf_rope(
-    raw: Mapping[str, Any], default_theta: float, layer_type: str | None = None
+    raw: Mapping[str, Any],
+    default_theta: float,
+    layer_type: str | None = None,
+    supported: frozenset[str] = SUPPORTED_ROPE_TYPES,
 ) -> tuple[float, dict[str, Any]]:
     """The RoPE base and scaling of a Hugging Face config.json, as (rope_theta, rope_scaling).
 
     Reads both spellings: transformers 4's `rope_theta` + `rope_scaling`, and transformers 5's
     `rope_parameters`, which is either one dict or, for models that mix attention kinds (Gemma 3),
     one dict per layer type (`layer_type`: "full_attention" or "sliding_attention"). A scaling kind
-    the models do not compute (yarn, dynamic, longrope, ...) raises ValueError naming it, so no
-    setting of the file is read and then ignored. `rope_scaling` comes back empty for "default".
+    the models do not compute (yarn, dynamic, longrope, ...; a family that computes more passes its
+    `supported` kinds) raises ValueError naming it, so no setting of the file is read and then
+    ignored. `rope_scaling` comes back empty for "default".
     """
     params = raw.get("rope_parameters")
     if isinstance(params, Mapping) and layer_type is not None and layer_type in params:
@@ -92,9 +96,9 @@ def hf_rope(
         theta = float(raw.get("rope_theta", default_theta))
         scaling = dict(raw.get("rope_scaling") or {})
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind not in SUPPORTED_ROPE_TYPES:
+    if kind not in supported:
         raise ValueError(
-            f"RoPE scaling {kind!r} is not supported (supported: {', '.join(sorted(SUPPORTED_ROPE_TYPES))})"
+            f"RoPE scaling {kind!r} is not supported (supported: {', '.join(sorted(supported))})"
         )
     return theta, ({} if kind == "default" else scaling)
 

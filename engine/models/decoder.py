@@ -28,6 +28,7 @@ from infer.engine.backends.base import Array, Backend, Weight
 from infer.engine.backends.kv_cache import KVCache
 from infer.engine.batch import ForwardBatch
 from infer.engine.models.base import (
+    SUPPORTED_ROPE_TYPES,
     Checkpoint,
     DecoderModel,
     ModelConfig,
@@ -89,6 +90,11 @@ class DecoderConfig(ModelConfig):
     """The logits are divided by it (Granite)."""
     final_logit_softcapping: float | None = None
     """logits = cap * tanh(logits / cap) when set."""
+    attn_logit_softcapping: float | None = None
+    """Attention scores = cap * tanh(scores / cap) before the softmax when set (Gemma 2)."""
+    norm_weights_hold_one: bool = False
+    """The checkpoint's norm weights are stored as 1 + w for a family that applies 1 + w (llama.cpp's
+    Gemma converters add the 1; Hugging Face stores w)."""
 
     @property
     def rotary_dim(self) -> int:
@@ -230,6 +236,8 @@ class DecoderFamily:
     """Architectures whose GGUF q/k rows llama.cpp's converter leaves half-split (its NEOX RoPE);
     the others it permutes into adjacent pairs."""
     default_rope_theta: float = 10000.0
+    rope_types: frozenset[str] = SUPPORTED_ROPE_TYPES
+    """RoPE scaling kinds of config.json the family computes (Phi-3 adds longrope)."""
 
     # -- hooks -----------------------------------------------------------------------------------
     def gguf_fields(
@@ -301,7 +309,7 @@ class DecoderFamily:
         with config_fields(source):
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
-            rope_theta, rope_scaling = hf_rope(raw, self.default_rope_theta)
+            rope_theta, rope_scaling = hf_rope(raw, self.default_rope_theta, supported=self.rope_types)
             base: dict[str, Any] = dict(
                 architecture=architecture,
                 vocab_size=int(raw["vocab_size"]),
@@ -320,6 +328,13 @@ class DecoderFamily:
                 rope_layout="half",
                 rope_scaling=rope_scaling,
             )
+            # transformers 5 keeps partial_rotary_factor among the rope parameters, 4 beside them.
+            params = raw.get("rope_parameters")
+            partial = rope_scaling.pop("partial_rotary_factor", None) or raw.get("partial_rotary_factor")
+            if partial is None and isinstance(params, Mapping):
+                partial = params.get("partial_rotary_factor")
+            if partial is not None and float(partial) != 1.0:
+                base["partial_rotary_factor"] = float(partial)
             if raw.get("use_sliding_window", True) and raw.get("sliding_window"):
                 base["sliding_window"] = int(raw["sliding_window"])
             base |= self.hf_fields(raw, base)
@@ -400,7 +415,14 @@ def check_decoder_config(config: DecoderConfig, source: str) -> None:
             f"{source}: partial_rotary_factor {config.partial_rotary_factor} leaves {config.rotary_dim} "
             f"of {config.head_dim} dimensions rotated"
         )
-    for name in ("attention_multiplier", "embedding_multiplier", "residual_multiplier", "logits_scaling"):
+    for name in (
+        "attention_multiplier",
+        "embedding_multiplier",
+        "residual_multiplier",
+        "logits_scaling",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+    ):
         value = getattr(config, name)
         if value is not None and not (np.isfinite(value) and value > 0):
             raise ModelLoadError(f"{source}: {name} must be a positive number, got {value}")
@@ -584,6 +606,8 @@ class DecoderStack(DecoderModel):
         lengths = np.asarray([s.length for s in batch.segments], dtype=np.int64)
         slots = np.asarray([s.slot for s in batch.segments], dtype=np.int64)
         full_plan = AttentionPlan.build(slots, starts, lengths)
+        if c.attn_logit_softcapping is not None:
+            full_plan = full_plan.with_softcap(c.attn_logit_softcapping)
         window_plan = full_plan.with_window(c.sliding_window) if self._sliding_layers else full_plan
         slots_per_row, positions = full_plan.row_slots, full_plan.row_visible - 1  # a row sees up to itself
         rotations = []

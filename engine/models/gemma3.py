@@ -49,7 +49,7 @@ from infer.engine.models.decoder import (
 
 __all__ = ["FORGET_STRIDE", "FULL", "GEMMA3_FAMILY", "SLIDING", "Gemma3Config", "Gemma3Family", "Gemma3Model"]
 
-_LAYER_NAMES = {
+GEMMA_GGUF_LAYER_NAMES: Mapping[str, str] = {
     "attn_norm.weight": "input_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight",
@@ -96,12 +96,17 @@ class Gemma3Config(DecoderConfig):
     """RoPE base of the sliding layers (no scaling there)."""
     query_pre_attn_scalar: float = 256.0
     """Attention scores are scaled by query_pre_attn_scalar ** -0.5."""
-    attn_logit_softcapping: float | None = None
-    """Attention-score soft-capping (Gemma 2); refused at load, no backend implements it."""
-    norm_weights_hold_one: bool = False
-    """The checkpoint's norm weights are stored as 1 + w (llama.cpp's converter adds the 1; Hugging Face
-    stores w). The model takes the 1 off first (float32, as transformers' GGUF loader does) and adds it
-    back, so both sources reach the same numbers."""
+
+
+def one_plus_weight(weight: np.ndarray, config: DecoderConfig) -> np.ndarray:
+    """A Gemma RMSNorm weight as the model multiplies by it: 1 + w. Where the file stores 1 + w
+    (`norm_weights_hold_one`: llama.cpp's converters) the 1 is taken off first (float32, as
+    transformers' GGUF loader does) and added back, so a GGUF and its safetensors twin give the same
+    numbers; Hugging Face computes (1 + w) in float32 on every call, the sum is the same bits once."""
+    one = np.float32(1.0)
+    if config.norm_weights_hold_one:
+        weight = weight - one
+    return one + weight
 
 
 def _layer_types(pattern: Any, layers: int, source: str) -> tuple[str, ...]:
@@ -122,16 +127,12 @@ class Gemma3Family(DecoderFamily):
 
     architectures: tuple[str, ...] = ("gemma3",)
     hf_architectures: Mapping[str, str] = {"Gemma3ForCausalLM": "gemma3"}
-    gguf_layer_names: Mapping[str, str] = _LAYER_NAMES
+    gguf_layer_names: Mapping[str, str] = GEMMA_GGUF_LAYER_NAMES
     layer_names: LayerNames = GEMMA_LAYER_NAMES
 
     def norm_weight(self, weight: np.ndarray, config: DecoderConfig) -> np.ndarray:
-        """1 + w, the 1 first taken off where the file stores 1 + w (llama.cpp's converter)."""
-        one = np.float32(1.0)
-        if isinstance(config, Gemma3Config) and config.norm_weights_hold_one:
-            weight = weight - one
-        # Hugging Face computes (1 + w) in float32 on every call; the sum is the same bits once.
-        return one + weight
+        """Gemma's 1 + w (see `one_plus_weight`)."""
+        return one_plus_weight(weight, config)
 
     def config_from_gguf(
         self, meta: Mapping[str, Any], architecture: str, weights: Mapping[str, np.ndarray], source: str
@@ -237,10 +238,6 @@ class Gemma3Family(DecoderFamily):
         weights.pop("lm_head.weight", None)
         if not isinstance(config, Gemma3Config):
             raise ModelLoadError(f"{source}: the gemma3 family needs a Gemma3Config")
-        if config.attn_logit_softcapping is not None:
-            raise ModelLoadError(
-                f"{source}: attention logit soft-capping ({config.attn_logit_softcapping}) is not supported"
-            )
         if len(config.layer_types) != config.num_hidden_layers:
             raise ModelLoadError(
                 f"{source}: layer_types must name {config.num_hidden_layers} layers as "
