@@ -123,8 +123,11 @@ def load_gguf(path: Path) -> Checkpoint:
     def read(tensor: ReaderTensor) -> Tensor:
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists dimensions innermost first
         try:
-            if len(shape) == 2 and tensor.tensor_type != GGMLQuantizationType.F32:
-                blocks = np.asarray(tensor.data).view(np.uint8).reshape(shape[0], -1)
+            if len(shape) in (2, 3) and tensor.tensor_type != GGMLQuantizationType.F32:
+                # A stack of matrices (a mixture-of-experts layer's experts) keeps its blocks as one
+                # [experts * rows, row bytes] array: each expert is a view of its rows, never a copy.
+                rows = int(np.prod(shape[:-1]))
+                blocks = np.asarray(tensor.data).view(np.uint8).reshape(rows, -1)
                 return QuantizedTensor(blocks, tensor.tensor_type.name, shape)
             return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
         except Exception as exc:

@@ -18,6 +18,7 @@ from infer.engine.models.llama import LLAMA_FAMILY
 from infer.engine.models.olmo2 import OLMO2_FAMILY
 from infer.engine.models.phi3 import PHI3_FAMILY
 from infer.engine.models.qwen3 import QWEN3_FAMILY
+from infer.engine.models.qwen3moe import QWEN3MOE_FAMILY
 from infer.engine.models.smollm3 import SMOLLM3_FAMILY
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ REGISTRY = FamilyRegistry(
         GRANITE_FAMILY,
         SMOLLM3_FAMILY,
         PHI3_FAMILY,
+        QWEN3MOE_FAMILY,
     ]
 )
 """The families this build knows; tests and plug-ins add theirs with `register`."""

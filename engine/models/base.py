@@ -124,7 +124,8 @@ def gguf_rope_scaling(meta: Mapping[str, Any], architecture: str, source: str) -
 class QuantizedTensor:
     """A checkpoint matrix kept as stored: a GGUF tensor's rows of blocks (memory-mapped, never copied).
 
-    `blocks` is uint8 [rows, row_bytes]; `shape` the logical [out, in]. `np.asarray(tensor)` dequantizes
+    `blocks` is uint8 [rows, row_bytes]; `shape` the logical [out, in] (or [count, out, in] for a
+    stack of matrices, its rows one after another). `np.asarray(tensor)` dequantizes
     it to float32, so code that wants floats (a dense backend, tests) just asks for an array, while a
     backend with kernels for `type_name` computes on the blocks themselves.
     """
@@ -140,6 +141,14 @@ class QuantizedTensor:
 
         dense = dequantize(self.blocks, GGMLQuantizationType[self.type_name]).reshape(self.shape)
         return np.asarray(dense, dtype=np.float32 if dtype is None else dtype)
+
+    def matrix(self, index: int) -> QuantizedTensor:
+        """Matrix `index` of a stack [count, out, in] (a mixture-of-experts layer's experts): a view
+        of its rows of blocks, no copy."""
+        count, out, cols = self.shape
+        if not 0 <= index < count:
+            raise IndexError(f"matrix {index} of a stack of {count}")
+        return QuantizedTensor(self.blocks[index * out : (index + 1) * out], self.type_name, (out, cols))
 
     def with_rows(self, order: np.ndarray) -> QuantizedTensor:
         """The same tensor with its rows (whole rows of blocks) taken in `order`."""

@@ -236,6 +236,8 @@ class DecoderFamily:
     """Architectures whose GGUF q/k rows llama.cpp's converter leaves half-split (its NEOX RoPE);
     the others it permutes into adjacent pairs."""
     default_rope_theta: float = 10000.0
+    config_class: type[DecoderConfig] = DecoderConfig
+    """The config type the readings build (a family with fields of its own subclasses DecoderConfig)."""
     rope_types: frozenset[str] = SUPPORTED_ROPE_TYPES
     """RoPE scaling kinds of config.json the family computes (Phi-3 adds longrope)."""
 
@@ -300,7 +302,7 @@ class DecoderFamily:
         if window > 0:
             base["sliding_window"] = window
         base |= self.gguf_fields(meta, number, base)
-        return DecoderConfig(**base)
+        return self.config_class(**base)
 
     def config_from_hf(
         self, raw: Mapping[str, Any], architecture: str, weights: Mapping[str, np.ndarray], source: str
@@ -338,7 +340,7 @@ class DecoderFamily:
             if raw.get("use_sliding_window", True) and raw.get("sliding_window"):
                 base["sliding_window"] = int(raw["sliding_window"])
             base |= self.hf_fields(raw, base)
-            return DecoderConfig(**base)
+            return self.config_class(**base)
 
     def expected_shapes(self, config: ModelConfig) -> dict[str, tuple[int, ...]]:
         """The shape every required weight must have for `config`, keyed by HF name."""
@@ -442,9 +444,11 @@ class DecoderLayer:
     out: Weight  # [hidden, q]
     post_attn_norm: Weight | None
     mlp_norm: Weight | None
-    gate_up: Weight  # [2 * intermediate, hidden]
-    down: Weight  # [hidden, intermediate]
     post_mlp_norm: Weight | None
+    gate_up: Weight | None = None  # [2 * intermediate, hidden]; None in a mixture-of-experts layer
+    down: Weight | None = None  # [hidden, intermediate]
+    experts: Any = None
+    """A mixture-of-experts layer's weights (the family's own type), None in a dense layer."""
     rope: int = 0
     """Index of the layer's RopeTable."""
     sliding: bool = False
@@ -532,9 +536,8 @@ class DecoderStack(DecoderModel):
                     out=self._matrix(weights.pop(p + names.out)),
                     post_attn_norm=norm(names.post_attn_norm and p + names.post_attn_norm),
                     mlp_norm=norm(names.mlp_norm and p + names.mlp_norm),
-                    gate_up=self._matrix(*(weights.pop(p + n) for n in names.gate_up)),
-                    down=self._matrix(weights.pop(p + names.down)),
                     post_mlp_norm=norm(names.post_mlp_norm and p + names.post_mlp_norm),
+                    **self._mlp_weights(i, weights, names),
                     rope=rope_kinds.setdefault(kind, len(rope_kinds)),
                     sliding=sliding,
                 )
@@ -547,6 +550,21 @@ class DecoderStack(DecoderModel):
         self._sliding_layers = tuple(i for i, layer in enumerate(self.layers) if layer.sliding)
         multiplier = config.embedding_multiplier
         self._embed_scale = None if multiplier is None else np.float32(multiplier)
+
+    def _mlp_weights(self, index: int, weights: dict[str, Tensor], names: LayerNames) -> dict[str, Any]:
+        """Layer `index`'s feed-forward weights as DecoderLayer fields (taken from `weights`): the
+        gated layer's; a mixture-of-experts family returns `experts` instead."""
+        p = f"model.layers.{index}."
+        return {
+            "gate_up": self._matrix(*(weights.pop(p + n) for n in names.gate_up)),
+            "down": self._matrix(weights.pop(p + names.down)),
+        }
+
+    def _mlp(self, x: Array, layer: DecoderLayer) -> Array:
+        """The feed-forward branch of normalised `x`: act(gate) * up, projected down."""
+        act = self.backend.silu_mul if self.config.activation == "silu" else self.backend.gelu_mul
+        gate_up = self.backend.linear(x, layer.gate_up)
+        return self.backend.linear(act(gate_up, self.config.intermediate_size), layer.down)
 
     def _rope_table(self, rotated: bool, sliding: bool, weights: Mapping[str, Tensor]) -> RopeTable:
         """The rotations of layers with (`rotated`) or without RoPE; `sliding` for families whose
@@ -636,11 +654,7 @@ class DecoderStack(DecoderModel):
                 backend.linear(attn.reshape(rows, q_width), layer.out), layer.post_attn_norm
             )
             x = hidden if layer.mlp_norm is None else backend.rms_norm(hidden, layer.mlp_norm, eps)
-            gate_up = backend.linear(x, layer.gate_up)
-            act = backend.silu_mul if c.activation == "silu" else backend.gelu_mul
-            hidden += self._branch(
-                backend.linear(act(gate_up, c.intermediate_size), layer.down), layer.post_mlp_norm
-            )
+            hidden += self._branch(self._mlp(x, layer), layer.post_mlp_norm)
 
         self._forget_past_windows(batch, cache)
         last = backend.rms_norm(hidden[backend.asarray(batch.logit_rows)], self.final_norm, eps)
