@@ -15,6 +15,7 @@ from infer.cli.hub import HubError, HubRef, cached_hub_models, hub_download, is_
 from infer.cli.model_store import ModelStoreError, list_cached, remove_cached, resolve_spec
 from infer.cli.options import fail
 from infer.cli.runtime import pull_with_progress
+from infer.engine import ModelLoadError, model_architecture
 
 models_app = typer.Typer(
     help="Fetch, list and remove models in the local cache.",
@@ -53,22 +54,30 @@ def _rows(with_sha256: bool) -> list[dict[str, object]]:
     rows = list_cached(with_sha256=with_sha256)
     for name, path, size in cached_hub_models():
         rows.append({"name": name, "path": str(path), "size": size, "sha256": None})
+    for row in rows:  # what each file is, from its metadata: a family this build runs or not
+        try:
+            row["architecture"], row["supported"] = model_architecture(Path(str(row["path"])))
+        except ModelLoadError as exc:
+            row["architecture"], row["supported"] = f"unreadable: {exc}", False
     return rows
 
 
 @models_app.command("list", cls=PanelCommand)
 def list_models(as_json: Annotated[bool, typer.Option("--json", help="JSON for scripts.")] = False) -> None:
-    """Show the cached models (name, path, size, sha256 as measured); each name works as --model NAME."""
+    """Show the cached models (name, architecture, size, path, sha256 as measured); each name works
+    as --model NAME; an architecture this build cannot run is marked unsupported."""
     rows = _rows(with_sha256=True)
     if as_json:
         typer.echo(json.dumps(rows))
         return
-    table = Table("name", "size", "path", "sha256")
+    table = Table("name", "architecture", "size", "path", "sha256")
     table.columns[0].no_wrap = True  # the name is what --model takes: keep it whole
-    table.columns[2].overflow = "fold"  # paths wrap rather than being cut (--json has everything)
+    table.columns[3].overflow = "fold"  # paths wrap rather than being cut (--json has everything)
     for row in rows:
         sha = str(row["sha256"] or "")
-        table.add_row(str(row["name"]), f"{int(row['size']) / 1e6:.1f} MB", str(row["path"]), sha[:12])
+        architecture = str(row["architecture"]) + ("" if row["supported"] else " (unsupported)")
+        size = f"{int(row['size']) / 1e6:.1f} MB"
+        table.add_row(str(row["name"]), architecture, size, str(row["path"]), sha[:12])
     Console().print(table)
 
 

@@ -54,6 +54,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "audit_tokens": ("grammar", "audit_tokens"),
     # models, tokenizers, prompts
     "load_checkpoint": ("loader", "load_checkpoint"),
+    "model_architecture": ("loader", "model_architecture"),
     "ModelLoadError": ("loader", "ModelLoadError"),
     "Tokenizer": ("text.tokenizer", "Tokenizer"),
     "prompt_ids": ("text.prompts", "prompt_ids"),

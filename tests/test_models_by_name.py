@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fake_hub import FakeHub, running
 
@@ -35,10 +36,26 @@ def infer(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.C
     )
 
 
+def _unsupported_gguf(folder: Path) -> bytes:
+    """A GGUF whose architecture no family runs (an encoder's): only its metadata is read."""
+    import gguf
+
+    path = folder / "bert.gguf"
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
 @pytest.fixture(scope="module")
-def hub(tiny_gguf: Path) -> Iterator[FakeHub]:
+def hub(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeHub]:
     data = tiny_gguf.read_bytes()
     repos = {
+        "owner/bert": {"bert.gguf": _unsupported_gguf(tmp_path_factory.mktemp("bert"))},
         "owner/tiny": {"tiny.Q8_0.gguf": data, "README.md": b"# tiny\n"},
         "owner/two": {"a.gguf": data, "b.gguf": data},
         "owner/none": {"README.md": b"no weights"},
@@ -100,6 +117,22 @@ def test_removing_one_hub_file_keeps_a_blob_another_file_shares(env: dict[str, s
 
     assert infer("models", "rm", "hf://owner/two/b.gguf", env=env).returncode == 0
     assert not b_path.exists() and not blob.exists()
+
+
+def test_list_shows_each_models_architecture_and_marks_the_unsupported(env: dict[str, str]) -> None:
+    for name in ("hf://owner/tiny", "hf://owner/bert"):
+        assert infer("models", "pull", name, env=env).returncode == 0
+    rows = {row["name"]: row for row in json.loads(infer("models", "list", "--json", env=env).stdout)}
+    tiny, bert = rows["hf://owner/tiny/tiny.Q8_0.gguf"], rows["hf://owner/bert/bert.gguf"]
+    assert (tiny["architecture"], tiny["supported"]) == ("llama", True)
+    assert (bert["architecture"], bert["supported"]) == ("bert", False)
+    table = infer("models", "list", env={**env, "COLUMNS": "200"}).stdout
+    assert "bert (unsupported)" in table and "llama " in table
+    _one_error_line(
+        infer("generate", "-m", "hf://owner/bert/bert.gguf", *GEN, "hello", env=env),
+        "unsupported architecture 'bert'",
+        "qwen3moe",
+    )
 
 
 def test_hub_errors_are_one_line(env: dict[str, str]) -> None:
