@@ -3,12 +3,17 @@
 Templates come from model files and are hostile input, so they render in a worker process
 (:mod:`infer.engine.text.sandbox`) with a wall-clock, memory, output and recursion limit, inside
 Jinja2's immutable sandbox. The environment mirrors transformers' `apply_chat_template`
-(trim_blocks, lstrip_blocks, loop controls, `raise_exception`, a `tojson` that keeps non-ASCII text,
-`strftime_now`) so templates written for it render identically.
+(trim_blocks, lstrip_blocks, loop controls, the `{% generation %}` tag, `raise_exception`, a `tojson`
+that keeps non-ASCII text, `strftime_now`, `dict`, `namespace`), and so do the variables: `tools` and
+`documents` are always defined (None when not given), message keys whose value is None are dropped,
+and a message's reasoning is aliased under `reasoning_content` and `thinking`. So templates written for
+transformers render identically: every template llama.cpp ships does, byte for byte
+(tests/test_chat_templates_transformers.py).
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from infer.engine.text.sandbox import TemplateSandbox, TemplateSandboxError, default_sandbox
@@ -41,8 +46,24 @@ class ChatTemplateError(Exception):
         self.code = code
 
 
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+"""Names a message's reasoning comes under; templates read the first (gpt-oss's the second)."""
+
+
+def _as_transformers_passes(message: dict[str, Any]) -> dict[str, Any]:
+    """The message as transformers hands it to a template: keys whose value is None dropped (many
+    templates test `is defined`, then fail on None), and the reasoning under both names templates read."""
+    message = {key: value for key, value in message.items() if value is not None}
+    reasoning = next((message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None)
+    if reasoning is not None:
+        # The same key order as transformers' `_alias_reasoning_fields`, for templates that iterate keys.
+        message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return message
+
+
 def _normalize_messages(messages: Any) -> list[dict[str, Any]]:
-    """Checked copies of the messages, with content-part lists joined into one string."""
+    """Checked copies of the messages, with content-part lists joined into one string, in the form
+    transformers passes them (see :func:`_as_transformers_passes`)."""
     if not isinstance(messages, list) or not messages:
         raise ChatTemplateError("messages must be a non-empty list")
     normalized = []
@@ -76,7 +97,7 @@ def _normalize_messages(messages: Any) -> list[dict[str, Any]]:
                 f"message {index} content must be a string or a list of text parts, "
                 f"got {type(content).__name__}"
             )
-        normalized.append({**message, "content": content})
+        normalized.append(_as_transformers_passes({**message, "content": content}))
     return normalized
 
 
@@ -88,6 +109,7 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     sandbox: TemplateSandbox | None = None,
+    now: datetime | None = None,
     **extra: Any,
 ) -> str:
     """Render `messages` with a Jinja2 chat `template` into the prompt text.
@@ -95,19 +117,24 @@ def render_chat(
     add_generation_prompt: end with the header of an assistant turn, so the model answers.
     bos_token/eos_token: the model's token texts, for templates that spell them out.
     sandbox: the worker to render in (default: the process's shared one).
-    extra: further template variables (tools, documents, enable_thinking, ...), as JSON data.
+    now: the time `strftime_now` reads (default: the clock), for a reproducible prompt.
+    extra: further template variables (tools as a list of JSON-schema function dicts, documents,
+    enable_thinking, ...), as JSON data; `tools` and `documents` are None unless given, as in
+    transformers.
     Raises ChatTemplateError for malformed messages (naming the message index) or a failing template
     (one line, `code` INVALID_CHAT_TEMPLATE).
     """
     checked = _normalize_messages(messages)
     context = {
         "messages": checked,
+        "tools": None,
+        "documents": None,
         "add_generation_prompt": add_generation_prompt,
         "bos_token": bos_token,
         "eos_token": eos_token,
         **extra,
     }
     try:
-        return (sandbox or default_sandbox()).render(template, context)
+        return (sandbox or default_sandbox()).render(template, context, now=now)
     except TemplateSandboxError as exc:
         raise ChatTemplateError(str(exc), INVALID_CHAT_TEMPLATE) from None

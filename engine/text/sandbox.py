@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import functools
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from infer.engine.text import template_worker
@@ -74,9 +75,18 @@ class TemplateSandbox:
         """The live worker's process id (None when none runs)."""
         return self._worker.pid
 
-    def render(self, template: str, context: dict[str, Any]) -> str:
-        """``template`` rendered with ``context`` (JSON data); raises :class:`TemplateSandboxError`."""
-        request = {"template": template, "context": context, "max_chars": self.limits.max_chars}
+    def render(self, template: str, context: dict[str, Any], *, now: datetime | None = None) -> str:
+        """``template`` rendered with ``context`` (JSON data); raises :class:`TemplateSandboxError`.
+
+        now: the time ``strftime_now`` reads instead of the clock (reproducible prompts, tests).
+        """
+        request: dict[str, Any] = {
+            "template": template,
+            "context": context,
+            "max_chars": self.limits.max_chars,
+        }
+        if now is not None:
+            request["now"] = now.isoformat()
         try:
             reply = self._worker.call(request)
         except (TypeError, ValueError, UnicodeEncodeError) as exc:
