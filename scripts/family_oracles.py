@@ -827,6 +827,17 @@ Per family:
 Weights are drawn with a large initializer_range (0.25) and 1-D weights (norms) get N(0, 0.2)
 noise, so greedy picks are not near-ties and a norm mapped to the wrong tensor shows. Tensor shapes
 below are GGUF order (ne0 first, the reverse of the PyTorch shape).
+
+Checked once by hand (not by this script) with llama.cpp itself, built from the same sdist (CPU,
+F32 KV cache, greedy from the recorded ids): on every `f32.gguf` it reproduces all 3x32 greedy ids
+with top logits within 3e-5 for qwen3, qwen3moe, phi3, phi4mini, olmo2, granite and smollm3;
+mistral_sliding matches `gguf_reading` (full attention) 32/32 x3; gemma2 matches `gguf_reading`
+32/32 on two prompts and 15/32 on the first, its logits ~1e-3 off because ggml's CPU GELU reads an
+fp16 table. Q8_0 is far from F32 on these large random weights: transformers on the Q8_0-dequantized
+weights (float activations) shares these leading greedy ids with the F32 oracle, per prompt:
+qwen3 16/32/30, qwen3moe 32/21/4, phi3 4/5/5, phi4mini 11/32/26, gemma2 10/12/0, olmo2 32/32/32,
+granite 32/32/2, smollm3 9/1/6, mistral_sliding 2/2/1 (llama.cpp's own Q8_0 run, which also
+quantizes the activations, is of the same order), so a Q8_0 check wants a tolerance, not equal paths.
 """
 
 
