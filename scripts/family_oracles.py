@@ -3,7 +3,8 @@
 For each family (qwen3, qwen3moe, phi3, phi4mini, gemma2, olmo2, granite, smollm3, mistral_sliding) it
 builds a tiny seeded float32 Hugging Face model with a tiny trained tokenizer, saves it as a safetensors
 folder (`hf/`), converts that folder with llama.cpp's own `convert_hf_to_gguf.py` (`f32.gguf`,
-`q8_0.gguf`), and writes transformers' float32 greedy ids and top-5 logits (`oracle.json`). It also
+`q8_0.gguf`), and writes transformers' float32 greedy ids and top-5 logits (`oracle.json`), also
+of the weights the Q8_0 file holds (`q8_0_reading`; `--q8-only` rewrites just that). It also
 writes `README.md` next to the family folders: the GGUF metadata under `<arch>.` and the tensors of
 layer 0 plus the global ones, read back from each `f32.gguf`.
 
@@ -763,7 +764,62 @@ def make_family(family: Family, out: Path, llamacpp: Path) -> dict[str, Any]:
     if probes:
         oracle["probes"] = probes
     (folder / "oracle.json").write_text(dump_oracle(oracle))
+    add_q8_0_reading(folder, family, llamacpp)
+    oracle = json.loads((folder / "oracle.json").read_text())
     return {"family": family, "oracle": oracle, "gguf": described, "bytes": folder_bytes(folder)}
+
+
+ROUTER_SUFFIX = "mlp.gate.weight"
+"""The mixture-of-experts router: the one matrix llama.cpp's converter keeps in F32 in a Q8_0 file
+(every other matrix, the embedding table included, is Q8_0; vectors stay F32)."""
+
+
+def q8_0_round_trip(model, llamacpp: Path) -> None:
+    """Replace, in place, every weight the Q8_0 file stores as Q8_0 by its Q8_0 round trip through
+    llama.cpp's own gguf-py (blocks of 32 along each row, as the converter quantizes): the float32
+    numbers a Q8_0 GGUF holds. Row permutations the converter applies (llama-family q/k) move whole
+    rows, so the round trip in Hugging Face's layout gives the same values."""
+    import torch
+
+    gguf = gguf_reader(llamacpp)
+    from gguf.quants import dequantize, quantize
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim < 2 or name.endswith(ROUTER_SUFFIX):
+                continue
+            data = param.detach().to(torch.float32).numpy()
+            restored = dequantize(quantize(data, q8), q8).reshape(data.shape)
+            param.copy_(torch.from_numpy(restored))
+
+
+def add_q8_0_reading(folder: Path, family: Family, llamacpp: Path) -> None:
+    """Add `q8_0_reading` to a family's oracle.json: transformers' float32 greedy path of the weights
+    its q8_0.gguf holds (under the GGUF's reading of the config where that differs). Q8_0 moves these
+    scaled random weights enough that the F32 path is kept only for a few steps, so the Q8_0 file is
+    checked against the same model run on its own numbers."""
+    import torch
+    import transformers
+
+    oracle = json.loads((folder / "oracle.json").read_text())
+    model = getattr(transformers, family.hf_class).from_pretrained(
+        folder / "hf", dtype=torch.float32, attn_implementation="eager"
+    )
+    if family.gguf_reading is not None:
+        model = with_config(model, family, family.gguf_reading)
+    q8_0_round_trip(model, llamacpp)
+    prompt_list = [(p["text"], p["ids"]) for p in oracle["prompts"]]
+    result, gap = oracle_prompts(model.eval(), prompt_list)
+    oracle["q8_0_reading"] = {
+        "note": "transformers float32 on the Q8_0 file's numbers (every matrix round-tripped through "
+        "gguf-py's Q8_0, the MoE router kept F32)"
+        + ("; the GGUF's reading of the config (gguf_reading)" if family.gguf_reading else ""),
+        "min_gap": gap,
+        "prompts": [{"greedy": p["greedy"], "steps": p["steps"]} for p in result],
+    }
+    (folder / "oracle.json").write_text(dump_oracle(oracle))
+    print(f"{family.name}: q8_0 reading, min gap {gap:.4g}", flush=True)
 
 
 def dump_oracle(oracle: dict[str, Any]) -> str:
@@ -837,7 +893,9 @@ fp16 table. Q8_0 is far from F32 on these large random weights: transformers on 
 weights (float activations) shares these leading greedy ids with the F32 oracle, per prompt:
 qwen3 16/32/30, qwen3moe 32/21/4, phi3 4/5/5, phi4mini 11/32/26, gemma2 10/12/0, olmo2 32/32/32,
 granite 32/32/2, smollm3 9/1/6, mistral_sliding 2/2/1 (llama.cpp's own Q8_0 run, which also
-quantizes the activations, is of the same order), so a Q8_0 check wants a tolerance, not equal paths.
+quantizes the activations, is of the same order), so the Q8_0 file has its own oracle,
+`q8_0_reading`: transformers float32 on the numbers the file holds (every matrix round-tripped
+through gguf-py's Q8_0, the MoE router kept F32, as the converter keeps it).
 """
 
 
@@ -884,6 +942,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("tests/reference/families"))
     parser.add_argument("--llamacpp", type=Path, default=DEFAULT_LLAMACPP)
     parser.add_argument("--only", nargs="*", help="family names (default: all)")
+    parser.add_argument(
+        "--q8-only", action="store_true", help="only (re)write each existing folder's q8_0_reading"
+    )
     parser.add_argument("--run-converter", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -895,6 +956,11 @@ def main() -> None:
 
     torch.set_num_threads(1)  # deterministic reductions, and the machine is shared
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.q8_only:
+        for family in families():
+            if (not args.only or family.name in args.only) and (args.out / family.name).is_dir():
+                add_q8_0_reading(args.out / family.name, family, args.llamacpp)
+        return
     made = []
     failed = {}
     for family in families():
