@@ -130,7 +130,7 @@ def test_the_int8_kernels_run_every_family_on_its_blocks(family: str) -> None:
     """The speed issue's int8 kernels (activations quantized to 8 bits too, so not bit-exact): every
     matrix of the Q8_0 file, a mixture-of-experts layer's experts included, runs on its blocks (no
     float copy), and along the reference path (teacher-forced) the picks stay transformers' at the
-    first step of every prompt and at three steps in four overall (measured: 24 to 32 of 32)."""
+    first step of every prompt and at most steps (at least 20 of 32; measured 24 to 32 here)."""
     oracle = _oracle(family)
     reference = _reference(oracle, "q8_0.gguf")
     model = build_model(load_checkpoint(FAMILIES_DIR / family / "q8_0.gguf"), CpuBackend(kernels="int8"))
@@ -139,4 +139,4 @@ def test_the_int8_kernels_run_every_family_on_its_blocks(family: str) -> None:
     for prompt, path in zip(prompts, _greedy_path(model, prompts), strict=True):
         picks = [int(np.argmax(logits)) for logits in path]
         assert picks[0] == prompt["greedy"][0], family
-        assert sum(a == b for a, b in zip(picks, prompt["greedy"], strict=True)) >= 24, (family, picks)
+        assert sum(a == b for a, b in zip(picks, prompt["greedy"], strict=True)) >= 20, (family, picks)
