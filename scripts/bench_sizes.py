@@ -1,6 +1,7 @@
-"""`infer` against llama.cpp at the sizes people run: Llama 3.2 1B / 3B and Llama 3.1 8B shapes (issue 28).
+"""`infer` against llama.cpp at the sizes people run: Llama 3.2 1B / 3B and Llama 3.1 8B shapes (issue 28),
+and Qwen3-30B-A3B's mixture-of-experts layers (issue 31: `--shapes qwen3moe`, 12 of its 48 layers).
 
-Usage: python scripts/bench_sizes.py [--shapes 1b,3b,8b] [--mixes Q4_0,Q8_0,Q4_K_M,Q5_K_M,Q6_K]
+Usage: python scripts/bench_sizes.py [--shapes 1b,3b,8b,qwen3moe] [--mixes Q4_0,Q8_0,Q4_K_M,Q5_K_M,Q6_K]
            [--rounds 3] [--threads N] [--decode 64] [--prefill 256] [--streams 16]
            [--infer-args "--cpu-kernels int8"] [--models DIR] [--json]
 
@@ -63,18 +64,44 @@ class Shape:
     vocab_size: int = 128256
     rope_theta: float = 500000.0
     rope_factor: float = 32.0
-    """llama3 RoPE scaling (low 1, high 4, original context 8192); 8.0 for 3.1 8B."""
+    """llama3 RoPE scaling (low 1, high 4, original context 8192); 8.0 for 3.1 8B; 0: none."""
+    head_size: int = 0
+    """Width of one attention head when it is not hidden / heads (Qwen3)."""
+    experts: int = 0
+    """Experts per layer of a mixture-of-experts shape (Qwen3-MoE); 0: dense."""
+    experts_used: int = 0
+    """Experts each token is routed to."""
+    architecture: str = "llama"
+    """GGUF general.architecture: llama, or qwen3moe (q/k norms, experts, no RoPE scaling)."""
 
     @property
     def head_dim(self) -> int:
         """Width of one attention head."""
-        return self.hidden_size // self.num_attention_heads
+        return self.head_size or self.hidden_size // self.num_attention_heads
 
 
 SHAPES: dict[str, Shape] = {
     "1b": Shape("Llama-3.2-1B", 2048, 16, 32, 8, 8192, True),
     "3b": Shape("Llama-3.2-3B", 3072, 28, 24, 8, 8192, True),
     "8b": Shape("Llama-3.1-8B", 4096, 32, 32, 8, 14336, False, rope_factor=8.0),
+    # Qwen3-30B-A3B's layers (hidden 2048, 32 q / 4 kv heads of 128, 128 experts of 768, 8 active),
+    # 12 of its 48 so the file stays near 5 GB; Llama 3's vocabulary (the tokenizer copied here)
+    # instead of Qwen's 151,936 rows.
+    "qwen3moe": Shape(
+        "Qwen3-30B-A3B-12L",
+        2048,
+        12,
+        32,
+        4,
+        768,
+        False,
+        rope_theta=1_000_000.0,
+        rope_factor=0.0,
+        head_size=128,
+        experts=128,
+        experts_used=8,
+        architecture="qwen3moe",
+    ),
 }
 
 MIXES = ("Q4_0", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
@@ -178,7 +205,7 @@ def write_model(path: Path, shape: Shape, mix: str, vocab: Path, seed: int = 0) 
     """A random-weight GGUF of `shape` in quantization mix `mix` (see the module docstring)."""
     rng = np.random.default_rng(seed)
     tmp = path.with_suffix(".partial")
-    writer = gguf.GGUFWriter(tmp, "llama", use_temp_file=True)
+    writer = gguf.GGUFWriter(tmp, shape.architecture, use_temp_file=True)
     writer.add_name(f"{shape.name} {mix} (random weights, bench_sizes.py)")
     writer.add_uint32("general.file_type", _FILE_TYPES[mix])
     writer.add_context_length(131072)
@@ -191,24 +218,49 @@ def write_model(path: Path, shape: Shape, mix: str, vocab: Path, seed: int = 0) 
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(shape.vocab_size)
     writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    if shape.experts:
+        writer.add_expert_count(shape.experts)
+        writer.add_expert_used_count(shape.experts_used)
+        writer.add_expert_feed_forward_length(shape.intermediate_size)
     copy_tokenizer(writer, vocab)
     layers = shape.num_hidden_layers
     hidden, kv = shape.hidden_size, shape.num_key_value_heads * shape.head_dim
+    q = shape.num_attention_heads * shape.head_dim
 
     def matrix(name: str, role: str, layer: int, rows: int, cols: int) -> None:
         kind = tensor_type(mix, role, layer, layers)
         writer.add_tensor(name, random_blocks(kind, rows, cols, 0.02, rng), raw_dtype=kind)
 
     embed_role = "output" if shape.tie_word_embeddings else "other"
+
+    def experts(name: str, role: str, layer: int, rows: int, cols: int) -> None:
+        # A stack [experts, rows, cols] of blocks (GGUF's ffn_*_exps), as llama-quantize types it.
+        kind = tensor_type(mix, role, layer, layers)
+        blocks = random_blocks(kind, shape.experts * rows, cols, 0.02, rng)
+        writer.add_tensor(name, blocks.reshape(shape.experts, rows, -1), raw_dtype=kind)
+
     matrix("token_embd.weight", embed_role, 0, shape.vocab_size, hidden)
-    writer.add_tensor("rope_freqs.weight", llama3_rope_factors(shape))
+    if shape.rope_factor:
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(shape))
     for i in range(layers):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
-        matrix(f"blk.{i}.attn_q.weight", "other", i, hidden, hidden)
+        matrix(f"blk.{i}.attn_q.weight", "other", i, q, hidden)
         matrix(f"blk.{i}.attn_k.weight", "other", i, kv, hidden)
         matrix(f"blk.{i}.attn_v.weight", "attn_v", i, kv, hidden)
-        matrix(f"blk.{i}.attn_output.weight", "other", i, hidden, hidden)
+        matrix(f"blk.{i}.attn_output.weight", "other", i, hidden, q)
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+        if shape.architecture == "qwen3moe":
+            writer.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(shape.head_dim, np.float32))
+            writer.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(shape.head_dim, np.float32))
+        if shape.experts:
+            router = rng.standard_normal((shape.experts, hidden)).astype(np.float32) * np.float32(0.02)
+            writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", router)
+            experts(f"blk.{i}.ffn_gate_exps.weight", "other", i, shape.intermediate_size, hidden)
+            experts(f"blk.{i}.ffn_up_exps.weight", "other", i, shape.intermediate_size, hidden)
+            experts(f"blk.{i}.ffn_down_exps.weight", "ffn_down", i, hidden, shape.intermediate_size)
+            continue
         matrix(f"blk.{i}.ffn_gate.weight", "other", i, shape.intermediate_size, hidden)
         matrix(f"blk.{i}.ffn_up.weight", "other", i, shape.intermediate_size, hidden)
         matrix(f"blk.{i}.ffn_down.weight", "ffn_down", i, hidden, shape.intermediate_size)
@@ -223,15 +275,22 @@ def write_model(path: Path, shape: Shape, mix: str, vocab: Path, seed: int = 0) 
 
 
 def decode_bytes(path: Path) -> int:
-    """Weight bytes one decode step reads: every 2-D tensor but an untied embedding table."""
+    """Weight bytes one decode step reads: every 2-D tensor but an untied embedding table, and of an
+    expert stack (3-D) the share of its experts one token uses."""
     reader = gguf.GGUFReader(path)
     names = {t.name for t in reader.tensors}
     tied = "output.weight" not in names
-    return sum(
-        int(t.n_bytes)
-        for t in reader.tensors
-        if len(t.shape) == 2 and (t.name != "token_embd.weight" or tied)
-    )
+    arch = str(reader.fields["general.architecture"].contents())
+    used = reader.fields.get(f"{arch}.expert_used_count")
+    count = reader.fields.get(f"{arch}.expert_count")
+    share = int(used.contents()) / int(count.contents()) if used is not None and count is not None else 1.0
+    total = 0.0
+    for t in reader.tensors:
+        if len(t.shape) == 2 and (t.name != "token_embd.weight" or tied):
+            total += int(t.n_bytes)
+        elif len(t.shape) == 3:
+            total += int(t.n_bytes) * share
+    return int(total)
 
 
 def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 5) -> float:
