@@ -1,0 +1,147 @@
+"""Our tokenizer against llama.cpp's own tokenizer test vectors (tests/test-tokenizer-0.cpp): every case of
+every causal-LM vocabulary in `vendor/llama.cpp/models/` of the llama-cpp-python 0.3.36 sdist.
+
+Each case is tokenized as that test does: no BOS (`add_special=false`) and special-token text as plain
+text (`parse_special=false`), and must give exactly llama.cpp's ids. The files come from the sdist at
+test time (tests/llamacpp_vocabs.py: the build cache, else a pip download of ~75 MB, once); when they
+cannot be had the tests fail, unless INFER_OFFLINE_VOCAB=1 says to skip them.
+
+Vocabularies left out: `bert-bge` and `nomic-bert-moe` are BERT encoders (WordPiece and an
+XLM-RoBERTa Unigram model, `tokenizer.ggml.model` `bert`/`t5`) for embeddings, which this engine does
+not run; `aquila`, `baichuan`, `gpt-neox` and `nomic-bert-moe` ship no `.inp`/`.out` cases.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import llamacpp_vocabs
+import pytest
+from llamacpp_vocabs import VocabCase, VocabsUnavailable, models_dir, offline, read_cases
+
+from infer.engine.loader.gguf import open_reader, read_metadata
+from infer.engine.text.tokenizer import Tokenizer
+
+CAUSAL_VOCABULARIES = (
+    "command-r",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
+    "gemma-4",
+    "gpt-2",
+    "llama-bpe",
+    "llama-spm",
+    "mpt",
+    "phi-3",
+    "qwen2",
+    "qwen35",
+    "refact",
+    "starcoder",
+)
+"""The sdist's vocabularies with cases, less the BERT ones (see the module docstring)."""
+BERT_VOCABULARIES = ("bert-bge", "nomic-bert-moe")
+WITHOUT_CASES = ("aquila", "baichuan", "gpt-neox", "nomic-bert-moe")
+
+
+@pytest.fixture(scope="module")
+def models() -> Path:
+    """The sdist's models folder, fetched on first use; a clear failure when it cannot be."""
+    try:
+        return models_dir(download=not offline())
+    except VocabsUnavailable as exc:
+        reason = str(exc)
+    # Outside the `except`, so that the report is the one message, not a chain of tracebacks.
+    if offline():
+        pytest.skip(f"{llamacpp_vocabs.OFFLINE_ENV} is set and {reason}")
+    pytest.fail(reason, pytrace=False)
+
+
+def _tokenizer(models: Path, name: str) -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(read_metadata(open_reader(models / f"ggml-vocab-{name}.gguf")))
+
+
+def _mismatches(tokenizer: Tokenizer, cases: list[VocabCase]) -> Iterator[str]:
+    for case in cases:
+        got = tokenizer.encode(case.text, parse_special=False, add_bos=False)
+        if tuple(got) != case.ids:
+            yield f"{case.text[:60]!r}: llama.cpp {list(case.ids)[:16]}, ours {got[:16]}"
+
+
+def test_the_sdist_holds_the_vocabularies_we_test(models: Path) -> None:
+    """A vocabulary added to (or missing from) the folder is a decision to make, not a silent pass."""
+    with_cases = {p.name.removeprefix("ggml-vocab-").removesuffix(".gguf.inp") for p in models.glob("*.inp")}
+    every = {p.name.removeprefix("ggml-vocab-").removesuffix(".gguf") for p in models.glob("*.gguf")}
+    assert with_cases == set(CAUSAL_VOCABULARIES) | {"bert-bge"}
+    assert every == with_cases | set(WITHOUT_CASES)
+
+
+@pytest.mark.parametrize("name", CAUSAL_VOCABULARIES)
+def test_every_case_matches_llamacpp(models: Path, name: str) -> None:
+    cases = read_cases(models / f"ggml-vocab-{name}.gguf")
+    assert cases, f"{name}: no cases"
+    failed = list(_mismatches(_tokenizer(models, name), cases))
+    passed = len(cases) - len(failed)
+    assert not failed, f"{name}: {passed}/{len(cases)} cases match llama.cpp; first failures:\n" + "\n".join(
+        failed[:5]
+    )
+
+
+# ---- what the vectors do not tell apart ------------------------------------------------------------
+
+
+def test_gemma4_takes_newline_runs_whole_and_always_adds_bos(models: Path) -> None:
+    """llama.cpp encodes a run of newlines that is a token as that token (runs of up to 31 are), and
+    adds BOS to Gemma 4 prompts whatever the metadata says."""
+    gemma4 = _tokenizer(models, "gemma-4")
+    for run in range(1, 32):
+        assert gemma4.encode("\n" * run, add_bos=False) == [gemma4.token_id("\n" * run)], run
+    assert gemma4.add_bos and gemma4.encode("hi")[0] == gemma4.bos_id == 2
+    assert gemma4.token_id("<turn|>") in gemma4.stop_ids
+    text = "  Hello\n\n\tworld ü 🦙 <0x41>"
+    assert gemma4.decode(gemma4.encode(text, add_bos=False)) == text
+
+
+# ---- fetching the vectors ----------------------------------------------------------------------------
+
+
+def _fake_sdist(cache: Path) -> None:
+    """A stand-in sdist in `cache/sdist`: one vocabulary's three files and a file not to extract."""
+    root = f"llama_cpp_python-{llamacpp_vocabs.SDIST_VERSION}"
+    vocab = f"{root}/vendor/llama.cpp/models/ggml-vocab-x.gguf"
+    files = {
+        vocab: b"GGUF",
+        f"{vocab}.inp": b"a\n__ggml_vocab_test__\n\n__ggml_vocab_test__\nb b\n__ggml_vocab_test__\n",
+        f"{vocab}.out": b" 1 2\n\n3  4\n",
+        f"{root}/vendor/llama.cpp/CMakeLists.txt": b"",
+    }
+    (cache / "sdist").mkdir(parents=True)
+    with tarfile.open(cache / "sdist" / f"{root}.tar.gz", "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_only_the_vocab_files_are_extracted_from_a_cached_sdist(tmp_path: Path) -> None:
+    _fake_sdist(tmp_path)
+    models = models_dir(tmp_path)
+    assert sorted(p.name for p in models.iterdir()) == [
+        ".infer-vocab-vectors", "ggml-vocab-x.gguf", "ggml-vocab-x.gguf.inp", "ggml-vocab-x.gguf.out",
+    ]  # fmt: skip
+    assert not (models.parent / "CMakeLists.txt").exists()
+    assert read_cases(models / "ggml-vocab-x.gguf") == [
+        VocabCase("a", (1, 2)), VocabCase("", ()), VocabCase("b b", (3, 4)),
+    ]  # fmt: skip
+    assert models_dir(tmp_path) == models  # the second call finds the stamp
+
+
+def test_no_sdist_and_no_download_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(cache: Path, version: str | None, log: object) -> Path:
+        raise llamacpp_vocabs.lb.BuildError("pip download llama-cpp-python==0.3.36 failed: no network")
+
+    monkeypatch.setattr(llamacpp_vocabs.lb, "download_sdist", refuse)
+    with pytest.raises(VocabsUnavailable, match=r"no network.*INFER_OFFLINE_VOCAB=1"):
+        models_dir(tmp_path)
