@@ -30,13 +30,15 @@ _TYPE_NORMAL, _TYPE_UNKNOWN, _TYPE_CONTROL, _TYPE_USER_DEFINED, _TYPE_UNUSED, _T
 
 _SPM_SPACE = "▁"
 
-# End-of-generation texts llama.cpp recognises among special tokens even when the metadata only names
-# one EOS (SmolLM2's <|endoftext|> next to its <|im_end|> EOS, Llama 3's <|eot_id|>/<|eom_id|>...).
+# End-of-generation texts of llama.cpp's vocabulary loader (llama-vocab.cpp), for vocabularies whose
+# metadata names one EOS only (SmolLM2's <|endoftext|> next to its <|im_end|> EOS, Llama 3's
+# <|eot_id|>/<|eom_id|>, Gemma 4's <turn|>...).
 _EOG_TEXTS = frozenset(
     {
-        "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>",
-        "<|end_of_text|>", "</s>", "<EOT>", "_<EOT>", "<|return|>", "<|call|>", "<｜end▁of▁sentence｜>",
-        "<turn|>", "<|tool_response>",
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+        "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+        "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+        "<｜end▁of▁sentence｜>", "[e~[",
     }
 )  # fmt: skip
 
@@ -128,6 +130,36 @@ def _spm_merges(tokens: list[str], token_types: list[int], scores: list[float]) 
     return [(tokens[left], tokens[right]) for _, _, left, right in candidates]
 
 
+def _end_of_generation(
+    tokens: list[str], token_types: list[int], named: frozenset[int]
+) -> tuple[list[int], frozenset[int]]:
+    """llama.cpp's end-of-generation fix-ups of a GGUF vocabulary: the token types to use and the
+    tokens that end generation besides `named` (the metadata's EOS, EOT and EOM).
+
+    Every token spelled as one of `_EOG_TEXTS` ends generation and becomes a control token whatever
+    its type (so it is matched in text only with special parsing, and `skip_special` drops it), except
+    `<|end|>` next to `<|return|>`/`<|call|>` or `<|calls|>`/`<|flush|>` (gpt-oss, Solar Open: a
+    user-defined token that does not stop), and `</s>` next to `<|tool_response>` (Gemma 4) or
+    `<|plamo:eos|>` (a normal token).
+    """
+    types = list(token_types)
+    eog = {i for i, text in enumerate(tokens) if text in _EOG_TEXTS}
+    for i in eog:
+        types[i] = _TYPE_CONTROL
+    texts = {tokens[i] for i in eog | named}
+
+    def demote(text: str, token_type: int) -> None:
+        for i in [i for i in eog if tokens[i] == text]:
+            eog.discard(i)
+            types[i] = token_type
+
+    if "<|end|>" in texts and texts & {"<|call|>", "<|calls|>"} and texts & {"<|return|>", "<|flush|>"}:
+        demote("<|end|>", _TYPE_USER_DEFINED)
+    if texts & {"<|tool_response>", "<|plamo:eos|>"}:
+        demote("</s>", _TYPE_NORMAL)
+    return types, frozenset(eog)
+
+
 def _gguf_merges(metadata: dict[str, Any]) -> list[tuple[str, str]]:
     """`tokenizer.ggml.merges` as pairs, each entry split at its first space after the first character
     (as llama.cpp does: a merge's left part may itself be a space)."""
@@ -196,7 +228,7 @@ class Tokenizer:
         """The special tokens that `skip_special` drops (control tokens; user-defined ones are text)."""
         self.stop_ids: frozenset[int] = frozenset(
             i for i in (eos_id, eot_id, *extra_stop_ids) if i is not None
-        ) | frozenset(i for i in special_ids if token_bytes[i].decode("utf-8", "replace") in _EOG_TEXTS)
+        )
         """Generation stops on any of these: EOS, EOT and the end-of-turn tokens the vocabulary marks."""
         self.add_bos = add_bos
         self.strip_leading_space = strip_leading_space
@@ -242,6 +274,8 @@ class Tokenizer:
             name: _token_id(metadata, f"tokenizer.ggml.{name}_token_id", n)
             for name in ("bos", "eos", "eot", "eom", "unknown")
         }
+        named = frozenset(ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None)
+        token_types, end_of_generation = _end_of_generation(tokens, token_types, named)
         special = frozenset(i for i, t in enumerate(token_types) if t in (_TYPE_CONTROL, _TYPE_USER_DEFINED))
         control = frozenset(i for i, t in enumerate(token_types) if t == _TYPE_CONTROL)
         vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # first id wins on duplicates
@@ -321,7 +355,7 @@ class Tokenizer:
             eot_id=ids["eot"],
             special_ids=special,
             control_ids=control,
-            extra_stop_ids=frozenset(i for i in (ids["eom"],) if i is not None),
+            extra_stop_ids=end_of_generation | named,
             add_bos=add_bos,
             strip_leading_space=add_space_prefix,
             chat_template=_field(metadata, "tokenizer.chat_template", str),
@@ -387,6 +421,9 @@ class Tokenizer:
             eot_id=None,
             special_ids=special,
             control_ids=control,
+            extra_stop_ids=frozenset(
+                i for i in special if token_bytes[i].decode("utf-8", "replace") in _EOG_TEXTS
+            ),
             add_bos=bool(add_bos),
             strip_leading_space=strip,
             chat_template=template if isinstance(template, str) else None,
