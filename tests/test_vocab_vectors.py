@@ -14,6 +14,7 @@ not run; `aquila`, `baichuan`, `gpt-neox` and `nomic-bert-moe` ship no `.inp`/`.
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 from llamacpp_vocabs import VocabCase, VocabsUnavailable, models_dir, offline, read_cases
 
 from infer.engine.loader.gguf import open_reader, read_metadata
-from infer.engine.text.tokenizer import Tokenizer
+from infer.engine.text.tokenizer import Tokenizer, _end_of_generation
 
 CAUSAL_VOCABULARIES = (
     "command-r",
@@ -42,8 +43,10 @@ CAUSAL_VOCABULARIES = (
     "starcoder",
 )
 """The sdist's vocabularies with cases, less the BERT ones (see the module docstring)."""
-BERT_VOCABULARIES = ("bert-bge", "nomic-bert-moe")
 WITHOUT_CASES = ("aquila", "baichuan", "gpt-neox", "nomic-bert-moe")
+EXTRA_CASES = Path(__file__).resolve().parent / "data" / "vocab" / "llamacpp_extra_cases.json"
+"""Cases of our own on the same vocabularies, with llama.cpp's ids (tests/data/README.md): the
+shipped ones cannot tell qwen35 from qwen2 or deepseek-llm from deepseek-coder."""
 
 
 @pytest.fixture(scope="module")
@@ -92,16 +95,57 @@ def test_every_case_matches_llamacpp(models: Path, name: str) -> None:
 # ---- what the vectors do not tell apart ------------------------------------------------------------
 
 
-def test_gemma4_takes_newline_runs_whole_and_always_adds_bos(models: Path) -> None:
-    """llama.cpp encodes a run of newlines that is a token as that token (runs of up to 31 are), and
-    adds BOS to Gemma 4 prompts whatever the metadata says."""
+def _extra_cases() -> dict[str, list[VocabCase]]:
+    spec = json.loads(EXTRA_CASES.read_text(encoding="utf-8"))
+    return {name: [VocabCase(c["text"], tuple(c["ids"])) for c in cases] for name, cases in spec.items()}
+
+
+@pytest.mark.parametrize(("name", "cases"), sorted(_extra_cases().items()))
+def test_our_cases_match_llamacpp(models: Path, name: str, cases: list[VocabCase]) -> None:
+    """Combining marks (qwen35 keeps them in words, qwen2 does not), DeepSeek LLM's own letter and
+    punctuation classes and trailing spaces, ideographic spaces, Gemma 4's newline runs and
+    end-of-generation tokens, all tokenized by llama.cpp's test-tokenizer-0."""
+    failed = list(_mismatches(_tokenizer(models, name), cases))
+    assert not failed, f"{name}: {len(cases) - len(failed)}/{len(cases)} match:\n" + "\n".join(failed[:5])
+
+
+def test_gemma4_newline_runs_bos_and_end_of_generation(models: Path) -> None:
+    """llama.cpp encodes a run of newlines that is a token as that token (runs of up to 31 are), adds
+    BOS to Gemma 4 prompts whatever the metadata says, and makes <|tool_response> (user-defined in
+    the file) an end-of-generation control token, and </s> a normal one."""
     gemma4 = _tokenizer(models, "gemma-4")
     for run in range(1, 32):
         assert gemma4.encode("\n" * run, add_bos=False) == [gemma4.token_id("\n" * run)], run
     assert gemma4.add_bos and gemma4.encode("hi")[0] == gemma4.bos_id == 2
-    assert gemma4.token_id("<turn|>") in gemma4.stop_ids
+    tool_response, turn_end, s_end = (gemma4.token_id(t) for t in ("<|tool_response>", "<turn|>", "</s>"))
+    assert {tool_response, turn_end} <= gemma4.stop_ids & gemma4.control_ids
+    assert s_end not in gemma4.stop_ids | gemma4.special_ids
+    assert gemma4.encode("<|tool_response>", add_bos=False) == [tool_response]
     text = "  Hello\n\n\tworld ü 🦙 <0x41>"
     assert gemma4.decode(gemma4.encode(text, add_bos=False)) == text
+
+
+@pytest.mark.parametrize(
+    ("tokens", "stops", "types"),
+    [
+        # Any type becomes a stopping control token (Gemma 3's user-defined </s>, Qwen 2's normal one).
+        (["a", "</s>", "<|im_end|>", "[EOS]"], {1, 2, 3}, [1, 3, 3, 3]),
+        # gpt-oss: <|end|> closes a message, not the generation, and stays text.
+        (["<|return|>", "<|call|>", "<|end|>"], {0, 1}, [3, 3, 4]),
+        (["<|calls|>", "<|flush|>", "<|end|>"], {0, 1}, [3, 3, 4]),
+        (["<|endoftext|>", "<|end|>"], {0, 1}, [3, 3]),  # Phi-3: <|end|> ends the turn
+        # Gemma 4's </s> is an ordinary token.
+        (["</s>", "<|tool_response>"], {1}, [1, 3]),
+    ],
+)
+def test_end_of_generation_fix_ups_are_llamacpps(
+    tokens: list[str], stops: set[int], types: list[int]
+) -> None:
+    assert _end_of_generation(tokens, [1, 4, 4, 1][: len(tokens)], frozenset()) == (types, stops)
+
+
+def test_plamo_eos_named_by_the_metadata_makes_s_ordinary() -> None:
+    assert _end_of_generation(["<|plamo:eos|>", "</s>"], [3, 3], frozenset({0})) == ([3, 1], frozenset())
 
 
 # ---- fetching the vectors ----------------------------------------------------------------------------
