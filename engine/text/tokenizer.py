@@ -1,9 +1,9 @@
 """Text <-> token ids, built with Hugging Face `tokenizers` from GGUF metadata or a `tokenizer.json`.
 
 Encoding is delegated to `tokenizers` (configured to match llama.cpp for GGUF files: the same
-pre-tokenizer regexes per `tokenizer.ggml.pre`, the same special-token splitting). Decoding does
-not go through `tokenizers`: every token is rendered once to its raw bytes, and text is those bytes
-joined and read as UTF-8. That makes `decode` and the incremental detokenizer
+pre-tokenizer regexes per `tokenizer.ggml.pre` (`infer.engine.text.pretokenize`), the same
+special-token splitting and end-of-generation tokens). Decoding does not go through `tokenizers`:
+every token is rendered once to its raw bytes, and text is those bytes joined and read as UTF-8. That makes `decode` and the incremental detokenizer
 (`infer.engine.text.detokenizer`) agree by construction, and gives samplers and grammars per-token bytes.
 """
 
@@ -259,7 +259,8 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, metadata: dict[str, Any]) -> Tokenizer:
-        """Build from GGUF key/values: `gpt2` (byte-level BPE) or `llama` (SentencePiece BPE) vocabularies."""
+        """Build from GGUF key/values: `gpt2` (byte-level BPE), `llama` (SentencePiece BPE) or `gemma4`
+        (BPE over SentencePiece-style text) vocabularies."""
         model = _field(metadata, "tokenizer.ggml.model", str, required=True)
         tokens = _field(metadata, "tokenizer.ggml.tokens", list, required=True)
         if not tokens or not all(isinstance(t, str) for t in tokens):
@@ -298,9 +299,8 @@ class Tokenizer:
         elif model == "gemma4":
             # Gemma 4 (llama.cpp's `gemma4`): BPE with ranked merges, but over UTF-8 text whose spaces
             # are "▁" (no prefix), split only at newline runs, and pieces outside the vocabulary spelled
-            # with <0xXX> byte tokens. llama.cpp also takes a newline run whole when it is a token;
-            # the merges give the same (runs of 1 to 31, the newline tokens there are), so the plain
-            # BPE model reproduces it.
+            # with <0xXX> byte tokens. llama.cpp also takes a newline run whole when it is a token
+            # (1 to 31 newlines); Gemma 4's merges build exactly those tokens, so plain BPE agrees.
             hf = HFTokenizer(models.BPE(vocab, _gguf_merges(metadata), byte_fallback=True))
             hf.normalizer = normalizers.Replace(" ", _SPM_SPACE)
             hf.pre_tokenizer = pre_tokenizers.Split(Regex(pretokenize.GEMMA4_SPLIT), behavior="isolated")
