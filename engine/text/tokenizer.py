@@ -1,9 +1,9 @@
 """Text <-> token ids, built with Hugging Face `tokenizers` from GGUF metadata or a `tokenizer.json`.
 
 Encoding is delegated to `tokenizers` (configured to match llama.cpp for GGUF files: the same
-pre-tokenizer regexes per `tokenizer.ggml.pre`, the same special-token splitting). Decoding does
-not go through `tokenizers`: every token is rendered once to its raw bytes, and text is those bytes
-joined and read as UTF-8. That makes `decode` and the incremental detokenizer
+pre-tokenizer regexes per `tokenizer.ggml.pre` (`infer.engine.text.pretokenize`), the same
+special-token splitting and end-of-generation tokens). Decoding does not go through `tokenizers`:
+every token is rendered once to its raw bytes, and text is those bytes joined and read as UTF-8. That makes `decode` and the incremental detokenizer
 (`infer.engine.text.detokenizer`) agree by construction, and gives samplers and grammars per-token bytes.
 """
 
@@ -21,6 +21,8 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from infer.engine.text import pretokenize
+
 __all__ = ["Tokenizer", "TokenizerError"]
 
 # GGUF token types (llama.cpp `llama_token_type`).
@@ -28,49 +30,15 @@ _TYPE_NORMAL, _TYPE_UNKNOWN, _TYPE_CONTROL, _TYPE_USER_DEFINED, _TYPE_UNUSED, _T
 
 _SPM_SPACE = "▁"
 
-# Pre-tokenizer regexes from llama.cpp's llama-vocab.cpp, applied in order (each one splits the pieces
-# the previous one produced), keyed by `tokenizer.ggml.pre`. They must match llama.cpp's, not the
-# model's original tokenizer.json, because the reference outputs are llama.cpp's.
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_STARCODER = (r"\p{N}", _GPT2)
-_BLOOM = (r" ?[^(\s|.,!?…。，、।۔،)]+",)
-_PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
-    "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
-    **dict.fromkeys(
-        ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe"), (_LLAMA3,)
-    ),
-    **dict.fromkeys(("glm4", "chatglm-bpe"), (_LLAMA3,)),
-    **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "roberta-bpe"), (_GPT2,)),
-    **dict.fromkeys(
-        ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"), _STARCODER
-    ),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"), (_QWEN2,)),
-    "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"),
-    "deepseek-coder": (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"),
-    **dict.fromkeys(("poro-chat", "bloom", "gpt3-finnish"), _BLOOM),
-    "viking": (*_BLOOM, r"\p{N}"),
-}
-# llama.cpp matches whole pre-tokenized words against the vocabulary before merging for these.
-_IGNORE_MERGES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken"})
-# ... and defaults `add_bos` to true for these when the metadata does not say.
-_ADD_BOS_BY_DEFAULT = frozenset(
-    {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken", "chameleon"}
-)
-
-# End-of-generation texts llama.cpp recognises among special tokens even when the metadata only names
-# one EOS (SmolLM2's <|endoftext|> next to its <|im_end|> EOS, Llama 3's <|eot_id|>/<|eom_id|>...).
+# End-of-generation texts of llama.cpp's vocabulary loader (llama-vocab.cpp), for vocabularies whose
+# metadata names one EOS only (SmolLM2's <|endoftext|> next to its <|im_end|> EOS, Llama 3's
+# <|eot_id|>/<|eom_id|>, Gemma 4's <turn|>...).
 _EOG_TEXTS = frozenset(
     {
-        "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>",
-        "<|end_of_text|>", "</s>", "<EOT>", "_<EOT>", "<|return|>", "<|call|>", "<｜end▁of▁sentence｜>",
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+        "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+        "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+        "<｜end▁of▁sentence｜>", "[e~[",
     }
 )  # fmt: skip
 
@@ -162,6 +130,60 @@ def _spm_merges(tokens: list[str], token_types: list[int], scores: list[float]) 
     return [(tokens[left], tokens[right]) for _, _, left, right in candidates]
 
 
+def _end_of_generation(
+    tokens: list[str], token_types: list[int], named: frozenset[int]
+) -> tuple[list[int], frozenset[int]]:
+    """llama.cpp's end-of-generation fix-ups of a GGUF vocabulary: the token types to use and the
+    tokens that end generation besides `named` (the metadata's EOS, EOT and EOM).
+
+    Every token spelled as one of `_EOG_TEXTS` ends generation and becomes a control token whatever
+    its type (so it is matched in text only with special parsing, and `skip_special` drops it), except
+    `<|end|>` next to `<|return|>`/`<|call|>` or `<|calls|>`/`<|flush|>` (gpt-oss, Solar Open: a
+    user-defined token that does not stop), and `</s>` next to `<|tool_response>` (Gemma 4) or
+    `<|plamo:eos|>` (a normal token).
+    """
+    types = list(token_types)
+    eog = {i for i, text in enumerate(tokens) if text in _EOG_TEXTS}
+    for i in eog:
+        types[i] = _TYPE_CONTROL
+    texts = {tokens[i] for i in eog | named}
+
+    def demote(text: str, token_type: int) -> None:
+        for i in [i for i in eog if tokens[i] == text]:
+            eog.discard(i)
+            types[i] = token_type
+
+    if "<|end|>" in texts and texts & {"<|call|>", "<|calls|>"} and texts & {"<|return|>", "<|flush|>"}:
+        demote("<|end|>", _TYPE_USER_DEFINED)
+    if texts & {"<|tool_response>", "<|plamo:eos|>"}:
+        demote("</s>", _TYPE_NORMAL)
+    return types, frozenset(eog)
+
+
+def _gguf_merges(metadata: dict[str, Any]) -> list[tuple[str, str]]:
+    """`tokenizer.ggml.merges` as pairs, each entry split at its first space after the first character
+    (as llama.cpp does: a merge's left part may itself be a space)."""
+    merges = []
+    for entry in _field(metadata, "tokenizer.ggml.merges", list, required=True):
+        cut = entry.find(" ", 1) if isinstance(entry, str) else -1
+        if cut < 0:
+            raise TokenizerError(f"GGUF metadata tokenizer.ggml.merges has a bad entry {entry!r}")
+        merges.append((entry[:cut], entry[cut + 1 :]))
+    return merges
+
+
+def _spm_decoder() -> decoders.Decoder:
+    """`tokenizers`' decoding of SentencePiece-style pieces: "▁" as space, <0xXX> tokens as bytes."""
+    return decoders.Sequence([decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback()])
+
+
+def _spm_token_bytes(tokens: list[str], token_types: list[int], special: frozenset[int]) -> list[bytes]:
+    """Each SentencePiece-style token's bytes; special tokens are their own text."""
+    return [
+        t.encode("utf-8") if i in special else _spm_bytes(t, token_types[i]) for i, t in enumerate(tokens)
+    ]
+
+
 class Tokenizer:
     """A model's tokenizer: `encode` text to ids, `decode` ids to text, per-token text for samplers.
 
@@ -206,7 +228,7 @@ class Tokenizer:
         """The special tokens that `skip_special` drops (control tokens; user-defined ones are text)."""
         self.stop_ids: frozenset[int] = frozenset(
             i for i in (eos_id, eot_id, *extra_stop_ids) if i is not None
-        ) | frozenset(i for i in special_ids if token_bytes[i].decode("utf-8", "replace") in _EOG_TEXTS)
+        )
         """Generation stops on any of these: EOS, EOT and the end-of-turn tokens the vocabulary marks."""
         self.add_bos = add_bos
         self.strip_leading_space = strip_leading_space
@@ -237,7 +259,8 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, metadata: dict[str, Any]) -> Tokenizer:
-        """Build from GGUF key/values: `gpt2` (byte-level BPE) or `llama` (SentencePiece BPE) vocabularies."""
+        """Build from GGUF key/values: `gpt2` (byte-level BPE), `llama` (SentencePiece BPE) or `gemma4`
+        (BPE over SentencePiece-style text) vocabularies."""
         model = _field(metadata, "tokenizer.ggml.model", str, required=True)
         tokens = _field(metadata, "tokenizer.ggml.tokens", list, required=True)
         if not tokens or not all(isinstance(t, str) for t in tokens):
@@ -252,37 +275,38 @@ class Tokenizer:
             name: _token_id(metadata, f"tokenizer.ggml.{name}_token_id", n)
             for name in ("bos", "eos", "eot", "eom", "unknown")
         }
+        named = frozenset(ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None)
+        token_types, end_of_generation = _end_of_generation(tokens, token_types, named)
         special = frozenset(i for i, t in enumerate(token_types) if t in (_TYPE_CONTROL, _TYPE_USER_DEFINED))
         control = frozenset(i for i, t in enumerate(token_types) if t == _TYPE_CONTROL)
         vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # first id wins on duplicates
 
         if model == "gpt2":
             pre = _field(metadata, "tokenizer.ggml.pre", str, default="default") or "default"
-            if pre not in _PRE_TOKENIZER_REGEXES:
+            if not pretokenize.is_supported(pre):
                 raise TokenizerError(
                     f"GGUF metadata tokenizer.ggml.pre={pre!r} is not a supported pre-tokenizer"
                 )
-            raw_merges = _field(metadata, "tokenizer.ggml.merges", list, required=True)
-            merges = []
-            for entry in raw_merges:
-                # Split at the first space after the first character, as llama.cpp does.
-                cut = entry.find(" ", 1) if isinstance(entry, str) else -1
-                if cut < 0:
-                    raise TokenizerError(f"GGUF metadata tokenizer.ggml.merges has a bad entry {entry!r}")
-                merges.append((entry[:cut], entry[cut + 1 :]))
-            hf = HFTokenizer(models.BPE(vocab, merges, ignore_merges=pre in _IGNORE_MERGES))
-            splits = [
-                pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_TOKENIZER_REGEXES[pre]
-            ]
-            hf.pre_tokenizer = pre_tokenizers.Sequence(
-                [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-            )
+            merges = _gguf_merges(metadata)
+            hf = HFTokenizer(models.BPE(vocab, merges, ignore_merges=pre in pretokenize.IGNORE_MERGES))
+            hf.pre_tokenizer = pretokenize.pre_tokenizer(pre)
             hf.decoder = decoders.ByteLevel()
             alphabet = _ByteLevelAlphabet.build()
             token_bytes = [
                 t.encode("utf-8") if i in special else alphabet.bytes_of(t) for i, t in enumerate(tokens)
             ]
-            add_space_prefix, add_bos_default = False, pre in _ADD_BOS_BY_DEFAULT
+            add_space_prefix, add_bos_default = False, pre in pretokenize.ADD_BOS_BY_DEFAULT
+        elif model == "gemma4":
+            # Gemma 4 (llama.cpp's `gemma4`): BPE with ranked merges, but over UTF-8 text whose spaces
+            # are "▁" (no prefix), split only at newline runs, and pieces outside the vocabulary spelled
+            # with <0xXX> byte tokens. llama.cpp also takes a newline run whole when it is a token
+            # (1 to 31 newlines); Gemma 4's merges build exactly those tokens, so plain BPE agrees.
+            hf = HFTokenizer(models.BPE(vocab, _gguf_merges(metadata), byte_fallback=True))
+            hf.normalizer = normalizers.Replace(" ", _SPM_SPACE)
+            hf.pre_tokenizer = pre_tokenizers.Split(Regex(pretokenize.GEMMA4_SPLIT), behavior="isolated")
+            hf.decoder = _spm_decoder()
+            token_bytes = _spm_token_bytes(tokens, token_types, special)
+            add_space_prefix, add_bos_default = False, True
         elif model == "llama":
             scores = _field(metadata, "tokenizer.ggml.scores", list, required=True)
             if len(scores) != n:
@@ -302,15 +326,12 @@ class Tokenizer:
             add_space_prefix = bool(_field(metadata, "tokenizer.ggml.add_space_prefix", bool, default=True))
             steps = [normalizers.Prepend(_SPM_SPACE)] if add_space_prefix else []
             hf.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", _SPM_SPACE)])
-            hf.decoder = decoders.Sequence([decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback()])
-            token_bytes = [
-                t.encode("utf-8") if i in special else _spm_bytes(t, token_types[i])
-                for i, t in enumerate(tokens)
-            ]
+            hf.decoder = _spm_decoder()
+            token_bytes = _spm_token_bytes(tokens, token_types, special)
             add_bos_default = True
         else:
             raise TokenizerError(
-                f"GGUF metadata tokenizer.ggml.model={model!r} is not supported (gpt2, llama)"
+                f"GGUF metadata tokenizer.ggml.model={model!r} is not supported (gpt2, gemma4, llama)"
             )
 
         # Special-token text is matched verbatim, before normalization and pre-tokenization, as llama.cpp
@@ -322,6 +343,8 @@ class Tokenizer:
             [AddedToken(tokens[i], special=False, normalized=False) for i in sorted(special - control)]
         )
         add_bos = _field(metadata, "tokenizer.ggml.add_bos_token", bool, default=add_bos_default)
+        # llama.cpp adds BOS for Gemma 4 whatever the metadata says (converted files said false).
+        add_bos = add_bos or model == "gemma4"
         if add_bos and ids["bos"] is None:
             raise TokenizerError("GGUF metadata asks to add BOS but has no tokenizer.ggml.bos_token_id")
         return cls(
@@ -332,7 +355,7 @@ class Tokenizer:
             eot_id=ids["eot"],
             special_ids=special,
             control_ids=control,
-            extra_stop_ids=frozenset(i for i in (ids["eom"],) if i is not None),
+            extra_stop_ids=end_of_generation | named,
             add_bos=add_bos,
             strip_leading_space=add_space_prefix,
             chat_template=_field(metadata, "tokenizer.chat_template", str),
@@ -398,6 +421,9 @@ class Tokenizer:
             eot_id=None,
             special_ids=special,
             control_ids=control,
+            extra_stop_ids=frozenset(
+                i for i in special if token_bytes[i].decode("utf-8", "replace") in _EOG_TEXTS
+            ),
             add_bos=bool(add_bos),
             strip_leading_space=strip,
             chat_template=template if isinstance(template, str) else None,
