@@ -3,8 +3,9 @@
 Encoding is delegated to `tokenizers` (configured to match llama.cpp for GGUF files: the same
 pre-tokenizer regexes per `tokenizer.ggml.pre` (`infer.engine.text.pretokenize`), the same
 special-token splitting and end-of-generation tokens). Decoding does not go through `tokenizers`:
-every token is rendered once to its raw bytes, and text is those bytes joined and read as UTF-8. That makes `decode` and the incremental detokenizer
-(`infer.engine.text.detokenizer`) agree by construction, and gives samplers and grammars per-token bytes.
+every token is rendered once to its raw bytes, and text is those bytes joined and read as UTF-8.
+That makes `decode` and the incremental detokenizer (`infer.engine.text.detokenizer`) agree by
+construction, and gives samplers and grammars per-token bytes.
 """
 
 from __future__ import annotations
