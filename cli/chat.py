@@ -20,7 +20,12 @@ from infer.engine import Engine
 from infer.profiles.settings import Settings
 
 EXIT_WORDS = frozenset({"/exit", "/quit", "/bye"})
-HELP = "infer chat: /clear forgets the conversation, /exit or Ctrl-D leaves, Ctrl-C stops a reply"
+HELP_WORDS = frozenset({"/help", "/?"})
+"""What ollama and llama.cpp's chat users type for help."""
+HELP = (
+    "infer chat: /clear forgets the conversation, /exit or Ctrl-D leaves, Ctrl-C stops a reply, "
+    "/help shows this"
+)
 
 
 class LineReader:
@@ -69,6 +74,9 @@ def chat_loop(engine: Engine, settings: Settings, *, system: str | None, stop: l
             continue
         if line in EXIT_WORDS:
             return
+        if line in HELP_WORDS:
+            print(HELP, file=sys.stderr, flush=True)
+            continue
         if line == "/clear":
             history = _opening(system)
             print("infer: conversation cleared", file=sys.stderr, flush=True)

@@ -6,7 +6,8 @@ and shell completion of the command names load Typer and nothing else.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import difflib
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -74,11 +75,38 @@ COMMANDS: dict[str, LazyCommand] = {
 }
 
 
+COMMAND_HABITS = {
+    "run": "generate",
+    "pull": "models pull",
+    "list": "models list",
+    "ls": "models list",
+    "rm": "models rm",
+    "server": "serve",
+    "complete": "generate",
+}
+"""Commands other tools spell differently (ollama's run/pull/list/rm, llama.cpp's server) -> ours."""
+
+
 class InferGroup(LazyGroup):
     """The top-level `infer` group: Ctrl-C anywhere (loading a model, say) exits 130 without a traceback
     or click's "Aborted!"; commands that generate handle it themselves and print what they have."""
 
     lazy_commands = COMMANDS
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        """The subcommand named by `args[0]`; an unknown name is a usage error that says which command
+        was probably meant: a habit from ollama or llama.cpp (`run`, `pull`, `list`, ...) or the
+        closest spelling (`genrate`)."""
+        name = args[0] if args else None
+        if name is not None and not name.startswith("-") and self.get_command(ctx, name) is None:
+            guess = COMMAND_HABITS.get(name)
+            if guess is None:
+                close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
+                guess = close[0] if close else None
+            if guess is not None:
+                # ctx.fail: the usage error of the click typer runs on (typer 0.29 vendors its own)
+                ctx.fail(f"No such command '{name}'. Did you mean 'infer {guess}'?")
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: typer.Context) -> object:
         """Run the subcommand; KeyboardInterrupt becomes exit code 130 (128 + SIGINT), as in a shell."""

@@ -28,7 +28,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "kv_cache_dtype": ("--kv-cache-dtype",),
     "prefix_caching": ("--prefix-caching",),
     "model": ("--model", "-m"),
-    "n_predict": ("--n-predict", "-n"),
+    "n_predict": ("--n-predict", "-n", "--max-tokens"),  # --max-tokens: the OpenAI and mlx-lm spelling
     "json_schema": ("--json-schema",),
     "json_object": ("--json-object",),
     "regex": ("--regex",),

@@ -172,3 +172,28 @@ def test_kernel_threads_spin_briefly_unless_the_user_chose(monkeypatch: pytest.M
     monkeypatch.delenv("GOMP_SPINCOUNT")
     idle_threads_sleep()
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("genrate", "generate"), ("run", "generate"), ("pull", "models pull"), ("list", "models list")],
+)
+def test_an_unknown_command_says_which_one_was_meant(typed: str, meant: str) -> None:
+    result = invoke(typed, "x")
+    assert result.exit_code == 2
+    assert f"No such command '{typed}'. Did you mean 'infer {meant}'?" in result.stderr
+
+
+def test_a_command_nothing_resembles_gets_no_guess() -> None:
+    result = invoke("zzzz")
+    assert result.exit_code == 2 and "No such command 'zzzz'." in result.stderr
+    assert "Did you mean" not in result.stderr
+
+
+def test_max_tokens_is_n_predict_as_openai_and_mlx_lm_spell_it(gen: tuple[str, ...]) -> None:
+    by_n = json.loads(invoke(*gen, "--raw", "--ignore-eos", PROMPT).stdout)
+    spelled = [("--max-tokens" if arg == "-n" else arg) for arg in gen]
+    result = invoke(*spelled, "--raw", "--ignore-eos", PROMPT)
+    assert result.exit_code == 0, result.stderr
+    by_max = json.loads(result.stdout)
+    assert by_max["token_ids"] == by_n["token_ids"] and len(by_max["token_ids"]) == 6

@@ -1,6 +1,6 @@
 """What a person at a terminal sees (pseudo-terminal tests): `generate` streams by default with a loading
 line first, Ctrl-C keeps the text and exits 130, `--no-stream` buffers, and `infer chat` edits lines,
-keeps history, forgets on /clear and leaves on /exit."""
+keeps history, forgets on /clear, helps on /help and /?, and leaves on /exit."""
 
 from __future__ import annotations
 
@@ -121,6 +121,11 @@ def test_chat_line_editing_history_clear_and_exit(tiny_gguf: Path, tmp_path: Pat
         term.type("\x1b[A\x1b[A\x1b[A\r")  # up three times: "hello" from the history
         assert term.wait_for(lambda: len(stats()) == 3, timeout=30), term.stderr.decode()
         assert int(stats()[2].group(2)) == first_prompt  # /clear forgot the conversation
+        for count, word in ((2, "/help"), (3, "/?")):  # ollama's habits; the help was printed once at start
+            assert term.wait_for(lambda: reading_keys(term.stdout), timeout=30)
+            term.type(f"{word}\r")
+            assert term.wait_for(lambda n=count: term.stderr.count(b"/help shows this") == n, timeout=30)
+        assert b"unknown command" not in term.stderr
         term.type("/exit\r")
         code = term.finish(timeout=30)
     finally:
