@@ -296,3 +296,14 @@ def test_metrics_count_requests_tokens_and_statuses(default_model_path: Path, se
     assert grew == [1, usage["completion_tokens"], usage["prompt_tokens"], 1, 1, 1]
     assert value(after, "infer:num_requests_running") == 0
     assert 0 <= value(after, "infer:kv_cache_usage_perc") <= 1
+
+
+@pytest.mark.real_model
+def test_embeddings_are_a_501_that_says_why(url: str) -> None:
+    """The official client's embeddings call gets a clear 501, not a bare 404."""
+    with pytest.raises(openai.APIStatusError) as caught:
+        _client(url).embeddings.create(model="any", input="hello")
+    assert caught.value.status_code == 501
+    error = caught.value.body
+    assert isinstance(error, dict) and error.get("code") == "not_implemented", error
+    assert "embeddings are not implemented" in str(error.get("message"))

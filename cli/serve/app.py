@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from infer.cli.serve import completions, responses
 from infer.cli.serve.bridge import RETRY_AFTER
 from infer.cli.serve.context import ServeContext
-from infer.cli.serve.errors import error_body, install_error_handlers
+from infer.cli.serve.errors import APIError, error_body, install_error_handlers
 from infer.cli.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, send_json
 from infer.cli.serve.metrics import CountStatuses, ServerMetrics
 from infer.cli.serve.openapi import install_openapi
@@ -162,6 +162,20 @@ def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastA
         """The model card, or 404 for another name."""
         ctx.check_model(model)
         return model_card(model)
+
+    # A client asking for embeddings gets the reason, not a bare 404 (issue 34): a generative model's
+    # hidden states are no embedding model's, so none is offered. Kept out of the OpenAPI document,
+    # which describes what the server does.
+    @app.post("/v1/embeddings", include_in_schema=False)
+    async def embeddings() -> None:
+        """501: this server generates text; it does not compute embeddings."""
+        raise APIError(
+            "embeddings are not implemented: infer serve runs a generative model "
+            "(/v1/chat/completions, /v1/completions, /v1/responses); use an embedding model's server",
+            status=501,
+            type="not_implemented_error",
+            code="not_implemented",
+        )
 
     install_openapi(app)
     app.add_middleware(BodyLimit, max_body_bytes=options.max_body_bytes)
