@@ -26,6 +26,7 @@ from infer.cli.model_store import (
     KNOWN_MODELS,
     ModelSpec,
     ModelStoreError,
+    cache_dir,
     cached_by_name,
     infer_home,
     list_cached,
@@ -97,7 +98,8 @@ def pull_with_progress(spec: ModelSpec, console: Console = STDERR) -> Path:
 
 def resolve_model_path(model: str | None) -> Path:
     """A path for the `model` setting: None (the default model), a known model name, hf://OWNER/REPO[/FILE],
-    a file or folder, or a name `infer models list` shows. Anything else is a one-line error."""
+    a file or folder, a name `infer models list` shows, a file name in the models folder, or a unique
+    prefix of a name. Anything else is a one-line error listing the models present."""
     try:
         if model is None or model in KNOWN_MODELS:
             return pull_with_progress(resolve_spec(model))
@@ -111,12 +113,23 @@ def resolve_model_path(model: str | None) -> Path:
     cached = cached_by_name(model)
     if cached is not None:
         return cached
-    names = sorted({*KNOWN_MODELS, *(str(row["name"]) for row in list_cached(with_sha256=False))})
+    in_folder = cache_dir() / model  # the file name `infer models list` shows under path
+    if os.sep not in model and in_folder.is_file():
+        return in_folder
+    present = sorted(str(row["name"]) for row in list_cached(with_sha256=False))
     if os.sep in model or path.suffix in (".gguf", ".safetensors"):
         fail(f"{model}: no such file or folder")
+    # A unique prefix of a name (`smollm2`), as ollama and `git` take them.
+    matches = sorted({n for n in {*present, *KNOWN_MODELS} if n.lower().startswith(model.lower())})
+    if len(matches) == 1:
+        return resolve_model_path(matches[0])
+    if len(matches) > 1:
+        fail(f"model {model!r} could be any of {', '.join(matches)}: say which")
+    pullable = sorted(set(KNOWN_MODELS) - set(present))
     fail(
         f"no model {model!r}: no such file or folder, nor a name `infer models list` shows "
-        f"({', '.join(names)}), nor hf://OWNER/REPO[/FILE.gguf]"
+        f"({', '.join(present) or 'none yet'}), nor hf://OWNER/REPO[/FILE.gguf]"
+        + (f"; `infer models pull` fetches {', '.join(pullable)}" if pullable else "")
     )
 
 

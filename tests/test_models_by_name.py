@@ -232,3 +232,23 @@ def test_pull_on_a_terminal_lets_pip_draw_its_byte_bar(
     (on_terminal, terminal_stdout), (piped, piped_stdout) = calls
     assert "--quiet" not in on_terminal and "--progress-bar" in on_terminal and terminal_stdout == 2
     assert "--quiet" in piped and piped_stdout == sp.PIPE
+
+
+def test_model_by_file_name_or_unique_prefix_and_the_error_lists_what_is_present(
+    env: dict[str, str], tiny_gguf: Path
+) -> None:
+    """`-m` takes the file name in the models folder and a unique prefix of a listed name (as ollama
+    takes `llama3`); an unknown name lists the models present, and the known ones only as pullable."""
+    models = Path(env["INFER_HOME"]) / "models"
+    models.mkdir(parents=True)
+    shutil.copy(tiny_gguf, models / "tiny-alpha.gguf")
+    local = json.loads(infer("generate", "-m", str(tiny_gguf), *GEN, "--json", "hello", env=env).stdout)
+    for spelled in ("tiny-alpha.gguf", "tiny-alpha", "tiny", "TINY-A"):
+        result = infer("generate", "-m", spelled, *GEN, "--json", "hello", env=env)
+        assert result.returncode == 0, (spelled, result.stderr)
+        assert json.loads(result.stdout)["token_ids"] == local["token_ids"], spelled
+    shutil.copy(tiny_gguf, models / "tiny-beta.gguf")
+    _one_error_line(infer("generate", "-m", "tiny", *GEN, "x", env=env), "tiny-alpha, tiny-beta", "say which")
+    missing = infer("generate", "-m", "nothing-like-it", *GEN, "x", env=env)
+    _one_error_line(missing, "(tiny-alpha, tiny-beta)", "`infer models pull` fetches")
+    assert "gemma3-270m," not in missing.stderr.split("(")[1].split(")")[0]  # not present, not listed as such
