@@ -236,6 +236,19 @@ def test_a_model_it_does_not_serve_is_404_and_aliases_are_served(engine: Engine,
 
 
 @pytest.mark.real_model
+def test_accept_any_model_answers_every_name_with_the_served_model(
+    engine: Engine, settings: Settings
+) -> None:
+    """--accept-any-model (llama-server's way): a hard-wired name is served by the one model, and the
+    answer names the served model."""
+    with TestClient(create_app(engine, settings, AppOptions("smol", accept_any_model=True))) as client:
+        response = client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 1, "model": "gpt-4"})
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == "smol"
+        assert client.get("/v1/models/gpt-4").status_code == 200
+
+
+@pytest.mark.real_model
 def test_a_full_queue_is_shed_with_503_and_retry_after(default_model_path: Path, settings: Settings) -> None:
     """max_queue: beyond it a request gets 503 `server_overloaded` with Retry-After (not an unbounded
     queue), /health shows the queue and the KV slots, and the queued request still completes."""

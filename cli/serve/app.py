@@ -67,6 +67,9 @@ class AppOptions:
     """The model's name in /v1/models and the name requests use."""
     aliases: tuple[str, ...] = ()
     """Other names requests may use; any other is 404 model_not_found."""
+    accept_any_model: bool = False
+    """Answer a request naming any model with the served one (`--accept-any-model`), as llama-server
+    does, for clients whose model name is hard-wired."""
     api_key: str | None = None
     """Require `Authorization: Bearer KEY` on every route but /health (None: open)."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -79,7 +82,13 @@ def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastA
     Starting the app (its lifespan) starts the engine's background step loop; stopping it refuses new
     requests, cancels what is still running and stops the loop.
     """
-    ctx = ServeContext(engine=engine, settings=settings, model_id=options.model_id, aliases=options.aliases)
+    ctx = ServeContext(
+        engine=engine,
+        settings=settings,
+        model_id=options.model_id,
+        aliases=options.aliases,
+        accept_any_model=options.accept_any_model,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -74,6 +74,8 @@ class ServeContext:
     model_id: str
     aliases: tuple[str, ...] = ()
     """Other names requests may use for the model (`infer serve --alias`)."""
+    accept_any_model: bool = False
+    """Every model name a request gives is answered by the served model (`--accept-any-model`)."""
     bridge: EngineBridge = field(init=False)
     sandbox: TemplateSandbox = field(default_factory=TemplateSandbox)
     """The chat-template worker: started with the app, killed when a render runs past its time."""
@@ -102,8 +104,8 @@ class ServeContext:
 
     def check_model(self, name: str | None) -> None:
         """APIError 404 `model_not_found` when a request names a model this server does not serve (no
-        name at all is accepted: the server has one model)."""
-        if name is not None and name not in self.served_names:
+        name at all is accepted: the server has one model; with `accept_any_model`, any name is)."""
+        if name is not None and not self.accept_any_model and name not in self.served_names:
             raise APIError(
                 f"The model {name!r} does not exist: this server serves {', '.join(self.served_names)}",
                 status=404,

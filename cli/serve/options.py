@@ -38,6 +38,12 @@ class ServeOptions:
         metavar="NAME",
         help="Another model name requests may use (repeatable); any other name is 404 model_not_found.",
     )
+    accept_any_model: bool = option(
+        False,
+        "--accept-any-model",
+        help="Answer a request naming any model with the served one (responses still name the served "
+        "model), for clients whose model name is hard-wired; off: another name is 404.",
+    )
     log_level: str = option(
         "warning", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."
     )
