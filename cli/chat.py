@@ -101,12 +101,25 @@ def chat_loop(engine: Engine, settings: Settings, *, system: str | None, stop: l
         history.append({"role": "assistant", "content": done.text})
 
 
+def chat_prefix_caching(settings: Settings) -> bool:
+    """Prefix caching for a chat: on unless the user set it (flag, variable or profile), since every
+    turn's prompt starts with the whole conversation before it; the tokens are the same either way
+    (tests/test_prefix_cache.py), only the next turn's prefill is saved."""
+    return True if settings.source("prefix_caching").kind == "default" else bool(settings.prefix_caching)
+
+
 def chat_session(
     settings: Settings, *, system: str | None, stop: list[str] | None, verbose: bool = False
 ) -> None:
     """Load the model (with a loading line on the terminal) and run the chat loop."""
     with StatusLine() as status:
-        engine = open_engine(settings, max_num_seqs=1, status=status, verbose=verbose)
+        engine = open_engine(
+            settings,
+            max_num_seqs=1,
+            prefix_caching=chat_prefix_caching(settings),
+            status=status,
+            verbose=verbose,
+        )
     if engine.tokenizer.chat_template is None:
         fail("this model has no chat template: use `infer generate --raw` or `infer stream --raw`")
     engine.start()

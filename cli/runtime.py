@@ -152,6 +152,7 @@ def open_engine(
     settings: Settings,
     *,
     max_num_seqs: int | None = None,
+    prefix_caching: bool | None = None,
     status: StatusLine | None = None,
     verbose: bool = False,
 ) -> Engine:
@@ -178,6 +179,8 @@ def open_engine(
     config = engine_config(settings)
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
+    if prefix_caching is not None:  # a command's own default (infer chat), the settings' otherwise
+        config = replace(config, prefix_caching=prefix_caching)
     _keep_stdout_clean()
     name = path.stem if path.suffix == ".gguf" else path.name
     with StatusLine() as own_status, _compile_notice(backend):

@@ -197,3 +197,13 @@ def test_max_tokens_is_n_predict_as_openai_and_mlx_lm_spell_it(gen: tuple[str, .
     assert result.exit_code == 0, result.stderr
     by_max = json.loads(result.stdout)
     assert by_max["token_ids"] == by_n["token_ids"] and len(by_max["token_ids"]) == 6
+
+
+def test_chat_caches_prefixes_unless_the_user_says_otherwise() -> None:
+    """Each chat turn's prompt starts with the conversation so far: infer chat turns prefix caching
+    on by default (same tokens, tests/test_prefix_cache.py); a flag or variable still decides."""
+    from infer.cli.chat import chat_prefix_caching
+
+    assert chat_prefix_caching(resolve_settings({}, env={})) is True
+    assert chat_prefix_caching(resolve_settings({"prefix_caching": "false"}, env={})) is False
+    assert chat_prefix_caching(resolve_settings({}, env={"INFER_PREFIX_CACHING": "false"})) is False
