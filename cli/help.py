@@ -38,8 +38,13 @@ def plain_text(text: str) -> str:
 class PanelCommand(TyperCommand):
     """A command whose help lists its options in panels (Typer's `rich_help_panel`), as plain text."""
 
+    first_panels: tuple[str, ...] = ("Arguments", "Input & output", "Sampling", "Structured output")
+    """Panels shown first, in this order (what a user reaches for: what to say, how much and how to
+    sample, as llama.cpp's and mlx-lm's help put them near the top); the others follow in the order
+    they first appear (model, engine, speculative decoding, ...)."""
+
     def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
-        """One section per panel, in the order the panels first appear."""
+        """One section per panel: `first_panels` first, then the others in the order they appear."""
         panels: dict[str, list[tuple[str, str]]] = {}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
@@ -51,7 +56,10 @@ class PanelCommand(TyperCommand):
             # nothing for an argument, whose name already says what it is.
             names = _TYPE_METAVAR.sub("" if argument else _metavar, record[0]).strip()
             panels.setdefault(panel, []).append((names, plain_text(record[1])))
-        for title, rows in panels.items():
+        order = {title: i for i, title in enumerate(self.first_panels)}
+        titles = sorted(panels, key=lambda t: order.get(t, len(order)))  # stable: the rest keep their order
+        for title in titles:
+            rows = panels[title]
             with formatter.section(title):
                 formatter.write_dl(rows)
 

@@ -57,6 +57,8 @@ def settings_errors() -> Iterator[None]:
 
 
 def _panel(spec: SettingSpec) -> str:
+    if spec.name == "n_predict":  # how much to generate sits with how to sample it, near the top
+        return PANEL_SAMPLING
     if spec.name in _MODEL_PANEL_NAMES:
         return PANEL_MODEL
     if spec.name in _GRAMMAR_METAVARS or spec.name == "json_object":

@@ -101,3 +101,17 @@ def test_shell_completion_completes_commands_and_flags() -> None:
     assert complete("infer gen", 1) == ["generate"]
     assert {"--top-k", "--top-p"} <= set(complete("infer generate --top", 2))
     assert "--install-completion" in _help([])
+
+
+@pytest.mark.parametrize("command", ["generate", "stream"])
+def test_what_to_generate_and_how_to_sample_come_first(command: str) -> None:
+    """-n and the sampling flags within the first screenful (they were at lines 94 and 117 of 249),
+    before the model, engine and speculative panels."""
+    lines = _help([command]).splitlines()
+    first = {
+        name: next(i for i, line in enumerate(lines) if line.lstrip().startswith(name))
+        for name in ("-n,", "--temp")
+    }
+    assert max(first.values()) < 50, first
+    panels = [line for line in lines if line and not line.startswith(" ") and line.endswith(":")]
+    assert panels.index("Sampling:") < panels.index("Model & profile:") < panels.index("Engine:"), panels
