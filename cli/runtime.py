@@ -44,6 +44,7 @@ from infer.engine import (
     ModelLoadError,
     load_engine,
     prepare_process,
+    threads_warning,
     watch_compiles,
 )
 from infer.profiles.backend_choice import choose_backend, fallback_notice
@@ -173,6 +174,9 @@ def open_engine(
     if notice:
         print(notice, file=sys.stderr, flush=True)
     backend = BackendOptions(choice.selected, choice.dtype, settings.cpu_kernels, settings.threads)
+    warning = threads_warning(backend)  # a fixed -t N on cores other processes keep busy
+    if warning:
+        print(f"infer: warning: {warning}", file=sys.stderr, flush=True)
     prepare_process(backend, infer_home())
     path = resolve_model_path(settings.model)
     draft = resolve_model_path(settings.spec_draft_model) if settings.spec_method == "draft_model" else None

@@ -70,6 +70,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "kernel_modes": ("backends", "kernel_modes"),
     "prepare_process": ("backends", "prepare_process"),
     "threads_note": ("backends", "threads_note"),
+    "threads_warning": ("backends", "threads_warning"),
     "watch_compiles": ("backends", "watch_compiles"),
     "BackendChoice": ("backends.probe", "BackendChoice"),
     "probe_backend": ("backends.probe", "probe_backend"),

@@ -207,3 +207,18 @@ def test_chat_caches_prefixes_unless_the_user_says_otherwise() -> None:
     assert chat_prefix_caching(resolve_settings({}, env={})) is True
     assert chat_prefix_caching(resolve_settings({"prefix_caching": "false"}, env={})) is False
     assert chat_prefix_caching(resolve_settings({}, env={"INFER_PREFIX_CACHING": "false"})) is False
+
+
+def test_a_fixed_thread_count_on_busy_cores_is_warned_about() -> None:
+    """-t N beyond the cores other processes leave free: one warning naming the load and what the
+    adaptive default would use; none when it fits, for one thread, or for the adaptive default."""
+    from infer.engine.backends.base import BackendOptions
+    from infer.engine.backends.cpu_setup import threads_warning
+    from infer.engine.backends.cpu_threads import usable_cpus
+
+    cores = len(usable_cpus() or ()) or 2
+    busy = threads_warning(BackendOptions("cpu", "float32", "exact", cores), others=float(cores - 1))
+    assert busy is not None and f"-t {cores}" in busy and "would use 1" in busy
+    assert threads_warning(BackendOptions("cpu", "float32", "exact", cores), others=0.0) is None
+    assert threads_warning(BackendOptions("cpu", "float32", "exact", 1), others=float(cores)) is None
+    assert threads_warning(BackendOptions("cpu", "float32", "exact", 0), others=float(cores)) is None

@@ -50,6 +50,10 @@ class BackendClass(Protocol):
         """One line on the host threads its matmuls would run on, or None."""
         ...
 
+    def threads_warning(self, options: BackendOptions) -> str | None:
+        """One line when a fixed host thread count exceeds the free cores, or None."""
+        ...
+
 
 BACKEND_CLASSES: dict[str, BackendClass] = {
     cls.name: cls  # type: ignore[misc]
@@ -104,6 +108,12 @@ def threads_note(options: BackendOptions) -> str | None:
     return backend_class(options.name).threads_note(options)
 
 
+def threads_warning(options: BackendOptions) -> str | None:
+    """A warning when the fixed host thread count `options` asks for exceeds the cores other
+    processes leave free now (None: it fits, is adaptive, or the matmuls are not on the host)."""
+    return backend_class(options.name).threads_warning(options)
+
+
 def kernel_modes(name: str) -> tuple[str, ...]:
     """The matmul modes backend `name` offers (capabilities.kernel_modes; empty: one way only)."""
     return BACKEND_CLASSES[name].capabilities.kernel_modes
@@ -124,5 +134,6 @@ __all__ = [
     "kernel_modes",
     "prepare_process",
     "threads_note",
+    "threads_warning",
     "watch_compiles",
 ]

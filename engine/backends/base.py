@@ -153,6 +153,12 @@ class HostSetup:
         for a backend whose matmuls are not on the host."""
         return None
 
+    @staticmethod
+    def threads_warning(options: BackendOptions) -> str | None:
+        """One line when the host threads asked for (`-t N`) exceed the cores other processes leave
+        free now (checked once, before loading); None when they fit or the matmuls are not on the host."""
+        return None
+
     def prepare_thread(self) -> None:
         """Called first in the thread that runs the engine's steps, if not the one that built it."""
 

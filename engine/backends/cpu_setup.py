@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.engine.backends.base import BackendOptions, CompileReport, HostSetup
-from infer.engine.backends.cpu_threads import KernelThreads
+from infer.engine.backends.cpu_threads import KernelThreads, LoadPolicy, others_busy, threads_for, usable_cpus
 
 
 def uses_kernels(options: BackendOptions) -> bool:
@@ -46,6 +46,29 @@ def threads_note(options: BackendOptions) -> str:
     if not uses_kernels(options):
         return f"threads: {cores} (all cores)"
     return f"threads: up to {cores}, one fewer per core other processes keep busy (-t N fixes it)"
+
+
+def threads_warning(options: BackendOptions, others: float | None = None) -> str | None:
+    """A warning when a fixed thread count (`-t N`) asks for more cores than other processes leave
+    free: threads then share cores with them and a step waits for the slowest (seen: 5.5 tok/s
+    where the adaptive default gave 76). `others`: cores they keep busy (measured now when None).
+    None when the count is not fixed or fits (one thread always fits: no sample is taken)."""
+    if options.threads <= 1:
+        return None
+    cpus = usable_cpus()
+    cores = len(cpus) if cpus else (os.cpu_count() or 1)
+    if others is None:
+        others = others_busy(cpus=cpus)
+    if others is None:
+        return None
+    free = threads_for(others, cores, LoadPolicy().drop_above)
+    if options.threads <= free:
+        return None
+    return (
+        f"-t {options.threads}: other processes keep {others:.1f} of the {cores} cores busy, so "
+        f"{options.threads} threads share cores with them and run far slower; the adaptive default "
+        f"(-t 0) would use {free} now and follow the load"
+    )
 
 
 def use_kernel_cache(cache_home: Path) -> None:
@@ -149,6 +172,11 @@ class CpuSetup(HostSetup):
     def threads_note(options: BackendOptions) -> str | None:
         """The thread count the matmuls would run on (see `threads_note`)."""
         return threads_note(options)
+
+    @staticmethod
+    def threads_warning(options: BackendOptions) -> str | None:
+        """A fixed thread count larger than the cores free now (see `threads_warning`)."""
+        return threads_warning(options)
 
     def prepare_thread(self) -> None:
         """The step thread runs the kernels on the fixed thread count, if one is."""

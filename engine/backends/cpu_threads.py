@@ -136,6 +136,18 @@ class AdaptiveThreads:
         return self.current
 
 
+def others_busy(window_s: float = 0.25, cpus: frozenset[int] | None = None) -> float | None:
+    """Cores other processes keep busy now, measured over `window_s` (None without /proc/stat)."""
+    start = read_cpu_sample(cpus)
+    if start is None:
+        return None
+    time.sleep(window_s)
+    end = read_cpu_sample(cpus)
+    if end is None or end.wall <= start.wall:
+        return None
+    return max(0.0, ((end.busy - start.busy) - (end.own - start.own)) / (end.wall - start.wall))
+
+
 def _set_numba_threads(count: int) -> None:
     import numba
 
