@@ -254,9 +254,8 @@ class CpuBackend(cpu_setup.CpuSetup):
         return None
 
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
-        """cap * tanh(x / cap) in float32."""
-        c = np.float32(cap)
-        return np.tanh(x / c) * c
+        """cap * tanh(x / cap) in float32 (on a copy; `_softcap_`, which attention scores use too)."""
+        return _softcap_(np.array(x, dtype=np.float32), cap)
 
     def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> np.ndarray:
         """Zeros (float32, or `dtype`: float16 for a half KV cache) in fresh anonymous pages, committed only
