@@ -1,9 +1,10 @@
 """The decoder block every built-in family runs, and the family declaration it is configured by.
 
 A family says only how it differs (`DecoderFamily` attributes and two small hooks): which norms sit
-where (`norm_layout`), RMSNorm of q and k (`qk_norm`), the activation, sliding-window layers, layers
-without RoPE, partial rotary dimensions, RoPE scaling, and the scalar multipliers some families put on
-the embeddings, the residual branches, the attention scores and the logits. `DecoderStack` runs any
+where (its `layer_names`: a norm it lacks is None), RMSNorm of q and k (`qk_norm`), the activation,
+sliding-window layers, layers without RoPE, partial rotary dimensions, RoPE scaling, and the scalar
+multipliers some families put on the embeddings, the residual branches, the attention scores and the
+logits. `DecoderStack` runs any
 combination of them, written once against the Backend protocol; its op order for each combination is
 the one transformers computes, so a family's numbers match transformers in float32.
 
@@ -50,10 +51,6 @@ FULL = "full_attention"
 FORGET_STRIDE = 256
 """Positions a sliding layer's cache gives back at a time, once they fell out of every window."""
 
-NormLayout = Literal["pre", "sandwich", "post"]
-"""Where a block's RMSNorms sit. `pre`: before attention and before the feed-forward layer (Llama).
-`sandwich`: those plus one on each branch's output before the residual add (Gemma). `post`: only on
-the branch outputs, the residual stream enters attention and the feed-forward layer as it is (OLMo 2)."""
 QkNorm = Literal["none", "head", "full"]
 """RMSNorm of q and k before RoPE: per head over head_dim (Qwen3, Gemma 3) or over the whole
 projection (OLMo 2)."""
@@ -66,8 +63,6 @@ class DecoderConfig(ModelConfig):
     """ModelConfig plus the ways the built-in families differ (Hugging Face names where they have
     one); the defaults are Llama's."""
 
-    norm_layout: NormLayout = "pre"
-    """Where the RMSNorms sit (see NormLayout)."""
     qk_norm: QkNorm = "none"
     """RMSNorm of q and k before RoPE (see QkNorm)."""
     activation: Activation = "silu"
@@ -174,7 +169,10 @@ class RopeTable:
 
 @dataclass(frozen=True)
 class LayerNames:
-    """Each role's Hugging Face tensor name inside `model.layers.N.` (None: the family has none)."""
+    """Each role's Hugging Face tensor name inside `model.layers.N.` (None: the family has none).
+
+    The norms present say where a block normalises: before attention and the feed-forward layer
+    (Llama), those plus one on each branch's output (Gemma's sandwich), or on the outputs only (OLMo 2)."""
 
     attn_norm: str | None = "input_layernorm.weight"
     mlp_norm: str | None = "post_attention_layernorm.weight"
@@ -375,12 +373,17 @@ class DecoderFamily:
                 shapes[p + names.q_norm], shapes[p + names.k_norm] = ((norm_widths[0],), (norm_widths[1],))
         return shapes
 
+    def stored_shapes(self, config: ModelConfig, weights: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The shapes `check_weights` holds the checkpoint's tensors to: `expected_shapes`, unless a
+        family's checkpoints may store a tensor in more than one form (Qwen3-MoE's experts)."""
+        return self.expected_shapes(config)
+
     def check_weights(self, config: ModelConfig, weights: dict[str, np.ndarray], source: str) -> None:
         """Shapes against the config; a tied head's stored lm_head is dropped; the config's own
         values checked."""
         if config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
-        expected = self.expected_shapes(config)
+        expected = self.stored_shapes(config, weights)
         check_shapes(expected, weights, source)
         check_no_stray_layers(expected, weights, config.num_hidden_layers, source)
         factors = weights.get(ROPE_FREQS)
@@ -496,7 +499,10 @@ class DecoderStack(DecoderModel):
         q_order = (np.arange(heads)[:, None] * head_dim + pair_order).reshape(-1)
         k_order = (np.arange(kv_heads)[:, None] * head_dim + pair_order).reshape(-1)
         qkv_order = np.concatenate([q_order, q_width + k_order, q_width + kv_width + np.arange(kv_width)])
+        # q/k norm weights follow their rows' order; a family without q/k norms has none to read.
         norm_order = {"head": (pair_order, pair_order), "full": (q_order, k_order)}.get(config.qk_norm)
+        if not (names.q_norm and names.k_norm):
+            norm_order = None
 
         def norm(name: str | None, order: np.ndarray | None = None) -> Weight | None:
             if name is None:
@@ -505,7 +511,6 @@ class DecoderStack(DecoderModel):
             return backend.weight(w if order is None else w[order])
 
         rope_kinds: dict[tuple[bool, bool], int] = {}
-        self._rope_tables: list[RopeTable] = []
         self.layers: list[DecoderLayer] = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -527,12 +532,8 @@ class DecoderStack(DecoderModel):
                     attn_norm=norm(names.attn_norm and p + names.attn_norm),
                     qkv=self._matrix(*qkv_parts),
                     qkv_bias=bias,
-                    q_norm=norm(p + names.q_norm, norm_order[0])
-                    if norm_order and names.q_norm and names.k_norm
-                    else None,
-                    k_norm=norm(p + names.k_norm, norm_order[1])
-                    if norm_order and names.q_norm and names.k_norm
-                    else None,
+                    q_norm=norm(p + names.q_norm, norm_order[0]) if norm_order else None,
+                    k_norm=norm(p + names.k_norm, norm_order[1]) if norm_order else None,
                     out=self._matrix(weights.pop(p + names.out)),
                     post_attn_norm=norm(names.post_attn_norm and p + names.post_attn_norm),
                     mlp_norm=norm(names.mlp_norm and p + names.mlp_norm),
@@ -546,7 +547,9 @@ class DecoderStack(DecoderModel):
         # [vocab, hidden], shared with the embedding when tied; Backend.logits reads it transposed.
         self.lm_head = self.embed if config.tie_word_embeddings else self._matrix(weights["lm_head.weight"])
         self.final_norm = norm("model.norm.weight")
-        self._rope_tables = [self._rope_table(rotated, sliding, weights) for rotated, sliding in rope_kinds]
+        self._rope_tables: list[RopeTable] = [
+            self._rope_table(rotated, sliding, weights) for rotated, sliding in rope_kinds
+        ]
         self._sliding_layers = tuple(i for i, layer in enumerate(self.layers) if layer.sliding)
         multiplier = config.embedding_multiplier
         self._embed_scale = None if multiplier is None else np.float32(multiplier)

@@ -79,7 +79,6 @@ class Gemma2Family(DecoderFamily):
     def _common(base: dict[str, Any]) -> dict[str, Any]:
         """What both readings share: the block's shape, tied embeddings, sqrt(hidden) on them."""
         return {
-            "norm_layout": "sandwich",
             "activation": "gelu_tanh",
             "layer_types": _alternating(base["num_hidden_layers"]),
             "embedding_multiplier": math.sqrt(base["hidden_size"]),

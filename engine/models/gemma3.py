@@ -41,7 +41,6 @@ from infer.engine.models.decoder import (
     DecoderFamily,
     DecoderStack,
     LayerNames,
-    NormLayout,
     QkNorm,
     RopeTable,
     inverse_frequencies,
@@ -85,7 +84,6 @@ class Gemma3Config(DecoderConfig):
     """DecoderConfig plus Gemma 3's fields (Hugging Face names); `rope_theta` and `rope_scaling` are the
     global layers'."""
 
-    norm_layout: NormLayout = "sandwich"
     qk_norm: QkNorm = "head"
     activation: Activation = "gelu_tanh"
     layer_types: tuple[str, ...] = ()

@@ -37,12 +37,12 @@ class Olmo2Family(DecoderFamily):
     def gguf_fields(
         self, meta: Mapping[str, Any], number: GgufNumber, base: dict[str, Any]
     ) -> dict[str, Any]:
-        """Post-norms, q/k norm over the whole projection."""
-        return {"norm_layout": "post", "qk_norm": "full"}
+        """q/k norm over the whole projection (the post-norms are its layer names)."""
+        return {"qk_norm": "full"}
 
     def hf_fields(self, raw: Mapping[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-        """Post-norms, q/k norm over the whole projection."""
-        return {"norm_layout": "post", "qk_norm": "full"}
+        """q/k norm over the whole projection."""
+        return {"qk_norm": "full"}
 
 
 OLMO2_FAMILY = Olmo2Family()

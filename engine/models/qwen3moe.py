@@ -26,8 +26,6 @@ from infer.engine.models.base import (
     ModelLoadError,
     QuantizedTensor,
     Tensor,
-    check_no_stray_layers,
-    check_shapes,
 )
 from infer.engine.models.decoder import (
     LLAMA_GGUF_LAYER_NAMES,
@@ -37,7 +35,6 @@ from infer.engine.models.decoder import (
     DecoderStack,
     GgufNumber,
     LayerNames,
-    check_decoder_config,
 )
 from infer.engine.models.qwen3 import QWEN3_LAYER_NAMES
 
@@ -143,23 +140,24 @@ class Qwen3MoeFamily(DecoderFamily):
             shapes[p + "experts.down_proj.weight"] = (count, hidden, width)
         return shapes
 
+    def stored_shapes(self, config: ModelConfig, weights: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+        """`expected_shapes`, with an expert stack the checkpoint does not hold expected one tensor
+        per expert instead, as a safetensors folder names them."""
+        expected = self.expected_shapes(config)
+        if not isinstance(config, MoeConfig):
+            return expected
+        for name in [n for n in expected if ".mlp.experts." in n and n not in weights]:
+            prefix, projection = name.split(".mlp.experts.")
+            shape = expected.pop(name)
+            for e in range(config.num_experts):
+                expected[f"{prefix}.mlp.experts.{e}.{projection}"] = shape[1:]
+        return expected
+
     def check_weights(self, config: ModelConfig, weights: dict[str, Any], source: str) -> None:
-        """Shapes against the config (experts stacked, or one by one as a folder names them)."""
+        """The experts' counts, then the shared checks (experts stacked, or one by one)."""
         if not isinstance(config, MoeConfig) or not 0 < config.num_experts_per_tok <= config.num_experts:
             raise ModelLoadError(f"{source}: a mixture of experts needs 0 < experts per token <= experts")
-        if config.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
-        expected = self.expected_shapes(config)
-        for name in [n for n in expected if ".mlp.experts." in n]:
-            prefix, projection = name.split(".mlp.experts.")
-            if name in weights:
-                continue
-            shape = expected.pop(name)
-            for e in range(config.num_experts):  # the folder's experts, one tensor each
-                expected[f"{prefix}.mlp.experts.{e}.{projection}"] = shape[1:]
-        check_shapes(expected, weights, source)
-        check_no_stray_layers(expected, weights, config.num_hidden_layers, source)
-        check_decoder_config(config, source)
+        super().check_weights(config, weights, source)
 
     def build(self, checkpoint: Checkpoint, backend: Backend) -> Qwen3MoeModel:
         """A Qwen3MoeModel on `backend`."""
