@@ -70,6 +70,12 @@ def read_cpu_sample(cpus: frozenset[int] | None = None) -> CpuSample | None:
     return CpuSample(time.perf_counter(), time.process_time(), busy)
 
 
+def others_between(start: CpuSample, end: CpuSample) -> float:
+    """Cores other processes kept busy between two samples (end after start): the cores' busy time
+    less this process's CPU time, per second of wall clock."""
+    return max(0.0, ((end.busy - start.busy) - (end.own - start.own)) / (end.wall - start.wall))
+
+
 def usable_cpus() -> frozenset[int] | None:
     """The cores this process may run on (None where the OS does not say)."""
     if not hasattr(os, "sched_getaffinity"):
@@ -124,8 +130,7 @@ class AdaptiveThreads:
         start, self._start = self._start, sample
         if start is None or sample.wall <= start.wall:
             return self.current
-        wall = sample.wall - start.wall
-        others = max(0.0, ((sample.busy - start.busy) - (sample.own - start.own)) / wall)
+        others = others_between(start, sample)
         self.others = others
         lower = threads_for(others, self.cores, self.policy.drop_above)
         higher = threads_for(others, self.cores, self.policy.raise_below)
@@ -145,7 +150,7 @@ def others_busy(window_s: float = 0.25, cpus: frozenset[int] | None = None) -> f
     end = read_cpu_sample(cpus)
     if end is None or end.wall <= start.wall:
         return None
-    return max(0.0, ((end.busy - start.busy) - (end.own - start.own)) / (end.wall - start.wall))
+    return others_between(start, end)
 
 
 def _set_numba_threads(count: int) -> None:
