@@ -97,6 +97,11 @@ class DecoderConfig(ModelConfig):
         return int(self.head_dim * self.partial_rotary_factor) // 2 * 2
 
 
+def rotary_pairs(config: ModelConfig) -> int:
+    """Pairs of each head RoPE rotates: the rotary dimensions of a DecoderConfig, all of a plain one."""
+    return (config.rotary_dim if isinstance(config, DecoderConfig) else config.head_dim) // 2
+
+
 def rope_row_order(head_dim: int, rotary_dim: int) -> np.ndarray:
     """The order that takes one head's dimensions from Hugging Face's half-split RoPE pairs
     (i, i + rotary_dim/2) over the first `rotary_dim` dimensions to adjacent pairs (2i, 2i + 1), the
@@ -387,7 +392,7 @@ class DecoderFamily:
         check_shapes(expected, weights, source)
         check_no_stray_layers(expected, weights, config.num_hidden_layers, source)
         factors = weights.get(ROPE_FREQS)
-        pairs = (config.rotary_dim if isinstance(config, DecoderConfig) else config.head_dim) // 2
+        pairs = rotary_pairs(config)
         if factors is not None and factors.shape != (pairs,):
             raise ModelLoadError(
                 f"{source}: tensor {ROPE_FREQS} has shape {factors.shape}, expected ({pairs},)"
@@ -573,14 +578,18 @@ class DecoderStack(DecoderModel):
         """The rotations of layers with (`rotated`) or without RoPE; `sliding` for families whose
         sliding layers have their own base (none here; Gemma 3 overrides)."""
         c = self.config
-        scale = c.attention_multiplier
-        score_scale = float(np.float32(1.0 / np.sqrt(c.head_dim))) if scale is None else float(scale)
         pairs = c.head_dim // 2
         if not rotated:
-            return RopeTable(np.zeros(0), pairs, score_scale)
+            return RopeTable(np.zeros(0), pairs, self._score_scale())
         factors = weights.get(ROPE_FREQS)
         inv = inverse_frequencies(c, None if factors is None else np.asarray(factors), c.rotary_dim)
-        return RopeTable(inv, pairs, score_scale)
+        return RopeTable(inv, pairs, self._score_scale())
+
+    def _score_scale(self) -> float:
+        """What attention scores are multiplied by (folded into q's rotations): the family's
+        attention_multiplier, else 1/sqrt(head_dim) in float32."""
+        scale = self.config.attention_multiplier
+        return float(np.float32(1.0 / np.sqrt(self.config.head_dim))) if scale is None else float(scale)
 
     @property
     def vocab_size(self) -> int:

@@ -36,6 +36,7 @@ from infer.engine.models.decoder import (
     LayerNames,
     RopeTable,
     inverse_frequencies,
+    rotary_pairs,
 )
 
 LONG_FACTORS, SHORT_FACTORS = "rope_factors_long.weight", "rope_factors_short.weight"
@@ -106,10 +107,10 @@ class Phi3Family(DecoderFamily):
         """The shared checks, plus LongRoPE's two factor lists (from the file, or config.json's)."""
         scaling = config.rope_scaling
         if (scaling.get("rope_type") or scaling.get("type")) == "longrope":
+            pairs = rotary_pairs(config)
             for name, key in ((LONG_FACTORS, "long_factor"), (SHORT_FACTORS, "short_factor")):
                 if name not in weights and key in scaling:
                     weights[name] = np.asarray(scaling[key], dtype=np.float32)
-                pairs = int(config.head_dim * getattr(config, "partial_rotary_factor", 1.0)) // 2
                 if np.asarray(weights.get(name, ())).shape != (pairs,):
                     raise ModelLoadError(f"{source}: LongRoPE needs {name} ({key}) of {pairs} factors")
         elif LONG_FACTORS in weights or SHORT_FACTORS in weights:
@@ -143,9 +144,9 @@ class Phi3Model(DecoderStack):
         c = self.config
         if not self._factors:
             return super()._rope_table(rotated, sliding, weights)
-        score_scale = float(np.float32(1.0 / np.sqrt(c.head_dim)))
         inv = inverse_frequencies(c, self._factors[self._use_long], c.rotary_dim)
-        return RopeTable(inv, c.head_dim // 2, score_scale, float(c.rope_scaling["attention_factor"]))
+        attention_factor = float(c.rope_scaling["attention_factor"])
+        return RopeTable(inv, c.head_dim // 2, self._score_scale(), attention_factor)
 
     def make_cache(self, slots: int, capacity: int, dtype: str = "f32") -> KVCache:
         """A KV cache; with LongRoPE, the long factors apply when `capacity` exceeds the original

@@ -132,7 +132,7 @@ class Qwen3MoeFamily(DecoderFamily):
             if i in config.dense_layers:
                 continue
             p = f"model.layers.{i}.mlp."
-            for name in ("gate_proj", "up_proj", "down_proj"):
+            for name in _PROJECTIONS:
                 del shapes[f"{p}{name}.weight"]
             shapes[p + "gate.weight"] = (count, hidden)
             shapes[p + "experts.gate_proj.weight"] = (count, width, hidden)
