@@ -170,6 +170,18 @@ class HostSetup:
         go through the host BLAS or run on a device)."""
         return None
 
+    def expert_stack(self, weights: Sequence[Any]) -> Any | None:
+        """One weight holding a mixture of experts' matrices of one projection, for `expert_linear`;
+        None (here) when the backend has no grouped product, and the model runs `linear` expert by
+        expert."""
+        return None
+
+    def expert_linear(self, x: Any, stack: Any, experts: np.ndarray, starts: np.ndarray) -> Any:
+        """Rows starts[s] .. starts[s + 1] - 1 of x times matrix experts[s] of `stack` (an
+        `expert_stack` result), every segment in one call; each row's result is the bits `linear`
+        gives it with that expert alone. Only backends whose `expert_stack` returns a weight have it."""
+        raise BackendError(f"the {type(self).__name__} backend has no grouped expert product")
+
 
 class Weight(Protocol):
     """A weight the backend created from a checkpoint array; models pass it back to the backend's ops."""
@@ -209,6 +221,16 @@ class Backend(Protocol):
     def stack(self, weights: Sequence[Weight]) -> Weight:
         """One weight whose rows are `weights`' rows in order (q, k, v into qkv): `linear` by it
         equals the concatenation of `linear` by each."""
+        ...
+
+    def expert_stack(self, weights: Sequence[Weight]) -> Weight | None:
+        """One weight of a mixture of experts' matrices of one projection (same shape each), for
+        `expert_linear`; None when this backend multiplies expert by expert (`linear`)."""
+        ...
+
+    def expert_linear(self, x: Array, stack: Weight, experts: np.ndarray, starts: np.ndarray) -> Array:
+        """[P, out]: rows starts[s] .. starts[s + 1] - 1 of x [P, in] times matrix experts[s] of
+        `stack`, in one call; each row's result is the bits `linear` gives it with that expert."""
         ...
 
     def asarray(self, host: np.ndarray) -> Array:

@@ -65,6 +65,17 @@ class BlockWeight:
 
 
 @dataclass(frozen=True)
+class ExpertBlocks:
+    """A mixture of experts' matrices of one projection in one uint8 [experts, out, row_bytes] array
+    (a view of a GGUF expert stack, or one copy of matrices that were apart), with their kernels."""
+
+    blocks: np.ndarray
+    kernels: QuantKernels
+    shape: tuple[int, ...]
+    """[experts, out, in]."""
+
+
+@dataclass(frozen=True)
 class StackedWeight:
     """Several matrices whose rows stack into one weight (q, k and v; gate and up): each part keeps its
     own blocks and type, and writes its own columns of the product."""
@@ -190,13 +201,57 @@ class CpuBackend(cpu_setup.CpuSetup):
         shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
         if len({p.kernels for p in parts}) > 1 or len({p.blocks.shape[1:] for p in parts}) > 1:
             return StackedWeight(parts, shape)
+        joined = self._joined_blocks(parts)
+        return BlockWeight(joined, parts[0].kernels, shape)
+
+    def _joined_blocks(self, parts: Sequence[BlockWeight]) -> np.ndarray:
+        """The parts' blocks as one [rows, row_bytes] array: a view when they lie back to back in one
+        buffer, else a copy, whose read-only file pages are given back so memory holds them once."""
         joined = adjacent_rows([p.blocks for p in parts])
         if joined is None:
             joined = np.concatenate([p.blocks for p in parts])
             for part in parts:
                 if read_only_file_map(part.blocks):
                     self.discard(part.blocks)
-        return BlockWeight(joined, parts[0].kernels, shape)
+        return joined
+
+    def expert_stack(self, weights: Sequence[DenseWeight | BlockWeight]) -> ExpertBlocks | None:
+        """Block matrices of one type and shape whose type has segment kernels in this mode, as one
+        [experts, out, row_bytes] array (a view when they lie back to back, as a GGUF expert stack's
+        do; else one copy, the file pages under the parts given back); None otherwise (dense experts,
+        mixed types, `blas`): the model then multiplies expert by expert."""
+        if not weights or not all(isinstance(w, BlockWeight) for w in weights):
+            return None
+        parts: list[BlockWeight] = list(weights)  # type: ignore[arg-type]
+        kernels = parts[0].kernels
+        if any(p.kernels != kernels or p.blocks.shape != parts[0].blocks.shape for p in parts):
+            return None
+        segments = kernels.segments_int8 if self._quantize is not None else kernels.segments_exact
+        if segments is None:
+            return None
+        rows, row_bytes = parts[0].blocks.shape
+        joined = self._joined_blocks(parts)
+        shape = (len(parts), *parts[0].shape)
+        return ExpertBlocks(joined.reshape(len(parts), rows, row_bytes), kernels, shape)
+
+    def expert_linear(
+        self, x: np.ndarray, stack: ExpertBlocks, experts: np.ndarray, starts: np.ndarray
+    ) -> np.ndarray:
+        """Every segment's product in one kernel call (the type's segment kernel): rows starts[s] ..
+        starts[s + 1] - 1 of x times expert experts[s]; a row gets the bits `linear` gives it alone."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], stack.shape[1]), dtype=np.float32)
+        experts = np.ascontiguousarray(experts, dtype=np.int64)
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+        kernels = stack.kernels
+        if self._quantize is not None and kernels.segments_int8 is not None:
+            acts = (kernels.quantize or self._quantize)(x)
+            kernels.segments_int8(stack.blocks, experts, starts, *acts, out)
+        elif kernels.segments_exact is not None:
+            kernels.segments_exact(stack.blocks, experts, starts, x, out)
+        else:
+            raise BackendError(f"no {kernels.type_name} segment kernel in the {self.kernel_mode} mode")
+        return out
 
     def _block_product(self, x: np.ndarray, weight: BlockWeight | StackedWeight) -> np.ndarray:
         """x @ W.T for blocks: every KERNEL_ROWS rows of x in one kernel call per part, so each row's

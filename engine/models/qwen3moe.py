@@ -67,11 +67,14 @@ class MoeConfig(DecoderConfig):
 
 @dataclass
 class Experts:
-    """One layer's router and experts."""
+    """One layer's router and experts: stacked for the backend's grouped product (`expert_linear`)
+    where it has one, else one weight per expert."""
 
     router: Weight  # [experts, hidden]
-    gate_up: list[Weight]  # per expert [2 * moe_intermediate, hidden]
-    down: list[Weight]  # per expert [hidden, moe_intermediate]
+    gate_up: list[Weight]  # per expert [2 * moe_intermediate, hidden]; empty when stacked
+    down: list[Weight]  # per expert [hidden, moe_intermediate]; empty when stacked
+    gate_up_stack: Weight | None = None  # [experts, 2 * moe_intermediate, hidden]
+    down_stack: Weight | None = None  # [experts, hidden, moe_intermediate]
 
 
 def _expert(weights: Mapping[str, Tensor], prefix: str, projection: str, index: int) -> Tensor:
@@ -200,7 +203,20 @@ class Qwen3MoeModel(DecoderStack):
         for name in list(weights):
             if name.startswith(p + "mlp.experts."):
                 del weights[name]
-        return {"experts": Experts(self._matrix(weights.pop(p + "mlp.gate.weight")), gate_up, down)}
+        router = self._router(weights.pop(p + "mlp.gate.weight"))
+        gate_up_stack, down_stack = self.backend.expert_stack(gate_up), self.backend.expert_stack(down)
+        if gate_up_stack is None or down_stack is None:
+            return {"experts": Experts(router, gate_up, down)}
+        return {"experts": Experts(router, [], [], gate_up_stack, down_stack)}
+
+    def _router(self, tensor: Tensor) -> Weight:
+        """The router, as float32 blocks where the backend has float32 kernels (GGUF files keep it
+        F32): its scores pick a row's experts, so they must be the row's own bits whatever rows run
+        beside it, which a BLAS product's are not."""
+        if not isinstance(tensor, QuantizedTensor) and "F32" in self.backend.block_formats:
+            array = np.ascontiguousarray(tensor, dtype=np.float32)
+            return self.backend.weight(array.view(np.uint8), quant="F32", shape=array.shape)
+        return self._matrix(tensor)
 
     def _mlp(self, x: Array, layer: DecoderLayer) -> Array:
         """Dense, or each row through its top-k experts, their outputs weighted and summed in
@@ -212,6 +228,8 @@ class Qwen3MoeModel(DecoderStack):
         chosen, weights = route(
             backend.to_host(backend.linear(x, experts.router)), c.num_experts_per_tok, c.norm_topk_prob
         )
+        if experts.gate_up_stack is not None and experts.down_stack is not None:
+            return self._grouped_experts(x, experts, chosen, weights)
         out = backend.zeros((x.shape[0], c.hidden_size))
         for e in np.unique(chosen).tolist():
             rows, slot = np.nonzero(chosen == e)  # each row picks an expert at most once
@@ -220,4 +238,30 @@ class Qwen3MoeModel(DecoderStack):
             y = backend.linear(backend.silu_mul(gate_up, c.moe_intermediate_size), experts.down[e])
             y = y * backend.asarray(weights[rows, slot][:, None])
             out[index] += y
+        return out
+
+    def _grouped_experts(self, x: Array, experts: Experts, chosen: np.ndarray, weights: np.ndarray) -> Array:
+        """The experts' SwiGLU layers in two grouped products (every (row, expert) pair, sorted by
+        expert, one segment per expert), then each row's outputs weighted and summed in expert order:
+        the bits of the expert-by-expert loop, in two kernel launches instead of two per expert."""
+        backend, c = self.backend, self.config
+        k = chosen.shape[1]
+        order = np.argsort(chosen.ravel(), kind="stable")  # by expert, then by row
+        pair_rows = order // k
+        sorted_experts = chosen.ravel()[order]
+        segment_experts, starts = np.unique(sorted_experts, return_index=True)
+        starts = np.append(starts, len(order))
+        xs = x[backend.asarray(pair_rows.astype(np.int64))]
+        gate_up = backend.expert_linear(xs, experts.gate_up_stack, segment_experts, starts)
+        h = backend.silu_mul(gate_up, c.moe_intermediate_size)
+        y = backend.expert_linear(h, experts.down_stack, segment_experts, starts)
+        y = y * backend.asarray(weights.ravel()[order][:, None])
+        # where each row's j-th smallest expert landed among the sorted pairs: summing y over j in
+        # that order adds a row's experts in expert order, as the loop does (from zero: 0 + y == y)
+        position = np.empty(len(order), dtype=np.int64)
+        position[order] = np.arange(len(order))
+        ranked = np.take_along_axis(position.reshape(chosen.shape), np.argsort(chosen, axis=1), axis=1)
+        out = y[backend.asarray(ranked[:, 0])]
+        for j in range(1, k):
+            out = out + y[backend.asarray(ranked[:, j])]
         return out

@@ -371,6 +371,78 @@ def _q6_k_matmul(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
                 _q6_k_rows(row, ds, x, b, min(6, n_b - b), o, out)
 
 
+@njit(cache=True, parallel=True)
+def _segments(stack, experts, starts, x, out, kind):
+    """The products of an expert stack's segments in one parallel loop over (segment, task): segment s
+    multiplies rows starts[s] .. starts[s + 1] - 1 of x by matrix experts[s]. Each row goes through the
+    dots `_q45_k_matmul` and `_q6_k_matmul` use, whose bits do not depend on the rows grouped with it,
+    so a row gets what it gets alone; one launch instead of one per expert (a mixture of experts runs
+    8 small matrices per layer and token)."""
+    n_in = x.shape[1]
+    n_out = stack.shape[1]
+    n_sb = n_in // QK_K
+    block_bytes = (Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES)[kind]
+    tasks = (n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for job in prange(experts.shape[0] * tasks):
+        s = job // tasks
+        t = job - s * tasks
+        e, lo, hi = experts[s], starts[s], starts[s + 1]
+        ds = np.empty(16 * n_sb, np.float32)
+        dm = np.empty(8 * n_sb, np.float32)
+        for o in range(t * ROWS_PER_TASK, min(n_out, (t + 1) * ROWS_PER_TASK)):
+            row = stack[e, o]
+            for sb in range(n_sb):
+                if kind == 2:
+                    _scales_q6(row, sb * block_bytes, ds, 16 * sb)
+                else:
+                    _scales_mins(row, sb * block_bytes, ds, dm, 8 * sb)
+            for b in range(lo, hi, 6):
+                count = min(6, hi - b)
+                if kind == 0:
+                    _q4_k_rows(row, ds, dm, x, b, count, o, out)
+                elif kind == 1:
+                    _q5_k_rows(row, ds, dm, x, b, count, o, out)
+                else:
+                    _q6_k_rows(row, ds, x, b, count, o, out)
+
+
+@njit(cache=True)
+def check_segments(stack, experts, starts, n_in, block_bytes, n_p, out):
+    """Refuse segments the kernels cannot serve: a [E, out, row_bytes] stack, one start per segment
+    and a last one at P, rising, experts within the stack."""
+    if stack.ndim != 3 or n_in % QK_K != 0 or stack.shape[2] != (n_in // QK_K) * block_bytes:
+        raise ValueError("the expert stack must be [experts, out, row_bytes] for the input width")
+    if starts.shape[0] != experts.shape[0] + 1 or starts[0] != 0 or starts[-1] != n_p:
+        raise ValueError("starts must hold one start per segment and end at the row count")
+    for s in range(experts.shape[0]):
+        if starts[s + 1] < starts[s] or not 0 <= experts[s] < stack.shape[0]:
+            raise ValueError("segments must rise and name experts of the stack")
+    if out.shape[0] != n_p or out.shape[1] != stack.shape[1]:
+        raise ValueError("out must be [rows, out]")
+
+
+@njit(cache=True)
+def _run_segments(stack, experts, starts, x, out, kind):
+    block_bytes = (Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES)[kind]
+    check_segments(stack, experts, starts, x.shape[1], block_bytes, x.shape[0], out)
+    _segments(stack, experts, starts, np.ascontiguousarray(x), out, kind)
+
+
+def q4_k_segments_exact(stack, experts, starts, x, out) -> None:
+    """Q4_K expert stack: out[starts[s]:starts[s + 1]] = x[starts[s]:starts[s + 1]] @ W[experts[s]].T."""
+    _run_segments(stack, experts, starts, x, out, 0)
+
+
+def q5_k_segments_exact(stack, experts, starts, x, out) -> None:
+    """As q4_k_segments_exact, for a Q5_K stack."""
+    _run_segments(stack, experts, starts, x, out, 1)
+
+
+def q6_k_segments_exact(stack, experts, starts, x, out) -> None:
+    """As q4_k_segments_exact, for a Q6_K stack."""
+    _run_segments(stack, experts, starts, x, out, 2)
+
+
 @njit(cache=True)
 def _int8_acts(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
     """xq * xs per 32-block as float32 [B, in]: the activations the int8 contract multiplies."""
@@ -467,8 +539,11 @@ def q6_k_dequantize_rows(blocks: np.ndarray, start: int, stop: int, out: np.ndar
 
 
 KQUANT_KERNELS: dict[str, QuantKernels] = {
-    "Q4_K": QuantKernels("Q4_K", QK_K, Q4_K_BYTES, q4_k_matmul_exact, q4_k_matmul_int8, q4_k_dequantize_rows),
-    "Q5_K": QuantKernels("Q5_K", QK_K, Q5_K_BYTES, q5_k_matmul_exact, q5_k_matmul_int8, q5_k_dequantize_rows),
-    "Q6_K": QuantKernels("Q6_K", QK_K, Q6_K_BYTES, q6_k_matmul_exact, q6_k_matmul_int8, q6_k_dequantize_rows),
+    name: QuantKernels(name, QK_K, size, exact, int8, dequantize_rows, segments_exact=segments)
+    for name, size, exact, int8, dequantize_rows, segments in (
+        ("Q4_K", Q4_K_BYTES, q4_k_matmul_exact, q4_k_matmul_int8, q4_k_dequantize_rows, q4_k_segments_exact),
+        ("Q5_K", Q5_K_BYTES, q5_k_matmul_exact, q5_k_matmul_int8, q5_k_dequantize_rows, q5_k_segments_exact),
+        ("Q6_K", Q6_K_BYTES, q6_k_matmul_exact, q6_k_matmul_int8, q6_k_dequantize_rows, q6_k_segments_exact),
+    )
 }
 """GGUF K-quant type name -> its kernels."""

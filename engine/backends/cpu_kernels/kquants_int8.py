@@ -14,6 +14,7 @@ simd_int8.py, touch this file.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 from numba import njit, prange
@@ -21,7 +22,7 @@ from numba import njit, prange
 from . import kquants_simd_int8 as k8
 from .activations import quantize_activations_k
 from .kquants import KQUANT_KERNELS as _FLOAT_KQUANT_KERNELS
-from .kquants import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, check_shapes
+from .kquants import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, check_segments, check_shapes
 from .registry import QuantKernels
 from .simd import store_column
 from .simd_int8 import available_paths
@@ -160,6 +161,56 @@ def _matmul(blocks, xq, xd, xb, out, kind, path):
     )
 
 
+@njit(cache=True, parallel=True)
+def _int8_segments(stack, experts, starts, xq, xd, xb, out, kind, path):
+    """An expert stack's segments in one parallel loop over (segment, tile): segment s multiplies
+    activation rows starts[s] .. starts[s + 1] - 1 by matrix experts[s], each row through the same
+    row dots as `_int8_matmul` (whose bits do not depend on the rows beside it)."""
+    rows = stack.shape[1]
+    tiles = (rows + TILE - 1) // TILE
+    for job in prange(experts.shape[0] * tiles):
+        s = job // tiles
+        t = job - s * tiles
+        e, lo, hi = experts[s], starts[s], starts[s + 1]
+        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
+            row = stack[e, o]
+            for b in range(lo, hi, GROUP):
+                count = min(GROUP, hi - b)
+                if kind == 0:
+                    _q4_k_rows(row, xq, xd, xb, b, count, o, out, path)
+                elif kind == 1:
+                    _q5_k_rows(row, xq, xd, xb, b, count, o, out, path)
+                else:
+                    _q6_k_rows(row, xq, xd, xb, b, count, o, out, path)
+
+
+@njit(cache=True)
+def _segments(stack, experts, starts, xq, xd, xb, out, kind, path):
+    block_bytes = (Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES)[kind]
+    check_segments(stack, experts, starts, xq.shape[1], block_bytes, xq.shape[0], out)
+    if xd.shape[0] != xq.shape[0] or xd.shape[1] * 256 != xq.shape[1]:
+        raise ValueError("xd must be [P, in // 256]")
+    if xb.shape[0] != xq.shape[0] or xb.shape[1] * 16 != xq.shape[1]:
+        raise ValueError("xb must be [P, in // 16]")
+    _int8_segments(
+        stack,
+        experts,
+        starts,
+        np.ascontiguousarray(xq),
+        np.ascontiguousarray(xd),
+        np.ascontiguousarray(xb),
+        out,
+        kind,
+        path,
+    )
+
+
+def segments_int8_path(type_name: str, stack, experts, starts, xq, xd, xb, out, path: int) -> None:
+    """An expert stack of K-quant `type_name` against int8 activations, segment by segment in one call
+    (registry.MatmulSegments), through int8 path `path`."""
+    _segments(stack, experts, starts, xq, xd, xb, out, ("Q4_K", "Q5_K", "Q6_K").index(type_name), path)
+
+
 def matmul_int8_path(
     type_name: str,
     blocks: np.ndarray,
@@ -196,7 +247,12 @@ def q6_k_matmul_int8(
 
 
 KQUANT_KERNELS: dict[str, QuantKernels] = {
-    name: dataclasses.replace(kernels, matmul_int8=int8, quantize=quantize_activations_k)
+    name: dataclasses.replace(
+        kernels,
+        matmul_int8=int8,
+        quantize=quantize_activations_k,
+        segments_int8=functools.partial(segments_int8_path, name, path=INT8_PATH),
+    )
     for (name, kernels), int8 in zip(
         _FLOAT_KQUANT_KERNELS.items(), (q4_k_matmul_int8, q5_k_matmul_int8, q6_k_matmul_int8), strict=True
     )

@@ -19,6 +19,12 @@ default quantize_activations: xq int8 [B, in], xs float32 [B, in // 32]); every 
 Quantize = Callable[[np.ndarray], tuple[np.ndarray, ...]]
 """float32 x [B, in] -> the quantized activations a MatmulInt8 reads, each array [B, ...]."""
 
+MatmulSegments = Callable[..., None]
+"""(stack uint8 [E, out, row_bytes], experts int64 [S], starts int64 [S + 1], x or activations, out float32
+[P, out]) -> None: a mixture of experts' products in one call, segment s multiplying rows starts[s] ..
+starts[s + 1] - 1 of x by matrix experts[s] of the stack. Each row's result is the bits `matmul_exact`
+(or `matmul_int8`) gives it alone with that matrix."""
+
 DequantizeRows = Callable[[np.ndarray, int, int, np.ndarray], None]
 """(blocks, start, stop, out float32 [stop - start, in]) -> None: rows start..stop-1 as float32, for
 BLAS on dequantized tiles (large prefill chunks)."""
@@ -40,6 +46,10 @@ class QuantKernels:
     dequantize_rows: DequantizeRows
     quantize: Quantize | None = None
     """The activation quantizer `matmul_int8` reads; None: quantize_activations (per 32-block, Q8_0)."""
+    segments_exact: MatmulSegments | None = None
+    """`matmul_exact` over the segments of an expert stack in one call; None: one call per segment."""
+    segments_int8: MatmulSegments | None = None
+    """`matmul_int8` over the segments of an expert stack in one call; None: one call per segment."""
 
 
 def quantize_once(
