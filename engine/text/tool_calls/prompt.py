@@ -54,20 +54,20 @@ def with_generic_tool_prompt(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """`messages` rewritten for a template that cannot render tools (see the module docstring)."""
-    system = tool_system_text(tools)
     out: list[dict[str, Any]] = []
-    if messages and messages[0].get("role") in ("system", "developer"):
-        first = messages[0]
-        content = _text(first.get("content"))
-        out.append({"role": "system", "content": f"{content}\n\n{system}" if content else system})
-        rest = messages[1:]
-    else:
-        out.append({"role": "system", "content": system})
-        rest = messages
+    rest = messages
+    if tools:  # no tools (tool_choice none): only the past calls and results are rewritten
+        system = tool_system_text(tools)
+        if messages and messages[0].get("role") in ("system", "developer"):
+            content = _text(messages[0].get("content"))
+            out.append({"role": "system", "content": f"{content}\n\n{system}" if content else system})
+            rest = messages[1:]
+        else:
+            out.append({"role": "system", "content": system})
     for message in rest:
         role = message.get("role")
         if role == "assistant" and message.get("tool_calls"):
-            text = message.get("content") or ""
+            text = _text(message.get("content"))
             blocks = "\n".join(_call_block(c) for c in message["tool_calls"] if isinstance(c, dict))
             out.append({"role": "assistant", "content": f"{text}\n{blocks}" if text else blocks})
         elif role == "tool":
