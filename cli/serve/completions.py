@@ -190,7 +190,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     body.check_supported()
     ids, plan = await ctx.tool_prompt(body.chat_messages(), body.tool_choice_of())
     if plan is not None:
-        body.use_tool_grammar(lambda exclusive: plan.grammar(exclusive=exclusive))
+        body.use_tool_grammar(
+            lambda exclusive: plan.grammar(exclusive=exclusive), plan.shown_special_ids(ctx.engine.tokenizer)
+        )
     parser = plan.syntax if plan is not None and plan.parses else None
     completion_id = new_id("chatcmpl-")
     _, seed, streams = await ctx.start(

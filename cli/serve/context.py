@@ -157,7 +157,9 @@ class ServeContext:
         def work() -> list[int]:
             _check_encodable(messages, param)
             _check_encodable(tools, "tools")
-            self._check_size(_message_text(messages) + json.dumps(tools or []), param)
+            self._check_size(_message_text(messages), param)
+            if tools:
+                self._check_size(json.dumps(tools), "tools")
             try:
                 return prompt_ids(tokenizer, messages=messages, sandbox=self.sandbox, tools=tools)
             except ChatTemplateError as exc:
@@ -172,6 +174,9 @@ class ServeContext:
         rendered as the plan says (the template's own tool rendering or the generic tool prompt)."""
         if choice is None:
             return await self.chat_prompt(tools_free(messages, param), param), None
+        forms = [tool.template_form() for tool in choice.tools]
+        # Checked before the tools join the messages (the generic prompt), off the event loop.
+        await asyncio.to_thread(lambda: self._check_size(json.dumps(forms), "tools"))
         renders, syntax = await asyncio.to_thread(lambda: self._template_tools)
         plan = plan_tools(choice, parser=self.tool_call_parser, template_syntax=syntax, renders_tools=renders)
         assert plan is not None

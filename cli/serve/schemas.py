@@ -10,6 +10,7 @@ its one name, with its description in `/openapi.json`.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
@@ -199,10 +200,16 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
     _tool_grammar: Any = PrivateAttr(default=None)
     """`use_tool_grammar`'s maker of the tool-call constraint (called where the grammar compiles)."""
 
-    def use_tool_grammar(self, make: Callable[[bool], GrammarSpec | None]) -> None:
+    _shown_special: tuple[int, ...] = PrivateAttr(default=())
+
+    def use_tool_grammar(
+        self, make: Callable[[bool], GrammarSpec | None], shown_special: tuple[int, ...] = ()
+    ) -> None:
         """Generate under the constraint of the request's tools: `make(exclusive)` builds it (APIError
-        400 for a refused schema); `exclusive` is False when the body asks for another constraint."""
+        400 for a refused schema); `exclusive` is False when the body asks for another constraint.
+        `shown_special`: control tokens (call markers) the reply renders as text."""
         self._tool_grammar = make
+        self._shown_special = shown_special
 
     def format_spec_given(self) -> bool:
         """Whether the route's own format field asks for a constraint (not free text)."""
@@ -400,6 +407,8 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
                         param = prompt_param
                     message = str(exc).replace("max_tokens", limit_param)
                     raise APIError(message, param=param) from None
+                if self._shown_special:
+                    request = dataclasses.replace(request, shown_special_ids=self._shown_special)
                 if not requests:
                     base_seed = int(request.seed or 0)  # an int: the request resolved it
                 requests.append(request)

@@ -35,6 +35,7 @@ from infer.engine import (
     GrammarError,
     GrammarSpec,
     TextPiece,
+    Tokenizer,
     ToolCall,
     syntax_named,
     tool_call_grammar,
@@ -220,6 +221,14 @@ class ToolPlan:
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The `tools` template variable (None for the generic prompt, which writes them itself)."""
         return None if self.generic_prompt else [t.template_form() for t in self.choice.tools]
+
+    def shown_special_ids(self, tokenizer: Tokenizer) -> tuple[int, ...]:
+        """The syntax's markers that are control tokens in `tokenizer` (rendered as text for the
+        parser, though control tokens render none by default)."""
+        if not self.parses:
+            return ()
+        ids = (tokenizer.token_id(text) for text in self.syntax.marker_texts)
+        return tuple(sorted({i for i in ids if i is not None and i in tokenizer.control_ids}))
 
     @property
     def parses(self) -> bool:

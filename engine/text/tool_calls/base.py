@@ -98,6 +98,9 @@ class CallSyntax(ABC):
     """Texts that open a call anywhere in the output."""
     json_at_start: bool = False
     """A bare JSON call (`{"name": ...}`) as the very first text of the output opens a call too."""
+    marker_texts: tuple[str, ...] = ()
+    """Every marker the syntax writes (opening, closing, inner): a vocabulary that holds one as a
+    control token must render it as text for the parser to see it."""
     arguments_key: str = "arguments"
     """The key the arguments go under in the constrained call this syntax's grammar writes."""
 

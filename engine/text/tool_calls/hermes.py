@@ -26,6 +26,7 @@ class HermesSyntax(CallSyntax):
 
     name = "hermes"
     markers = (OPEN,)
+    marker_texts = (OPEN, CLOSE)
 
     def read_body(self, text: str, start: int, marker: str, final: bool) -> BodyResult | None:
         """The call between the marker and `</tool_call>` (or the end, when `final`)."""

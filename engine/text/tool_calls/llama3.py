@@ -27,6 +27,7 @@ class Llama3JsonSyntax(CallSyntax):
 
     name = "llama3_json"
     markers = (PYTHON_TAG,)
+    marker_texts = (PYTHON_TAG,)
     json_at_start = True
     arguments_key = "parameters"
 

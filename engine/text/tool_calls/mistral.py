@@ -28,6 +28,7 @@ class MistralSyntax(CallSyntax):
 
     name = "mistral"
     markers = (MARKER,)
+    marker_texts = (MARKER, "[ARGS]", "[CALL_ID]")
 
     def read_body(self, text: str, start: int, marker: str, final: bool) -> BodyResult | None:
         """The list (or single object) of calls, or the named form's one call."""

@@ -23,6 +23,7 @@ class Phi4Syntax(CallSyntax):
 
     name = "phi4_mini_json"
     markers = (OPEN,)
+    marker_texts = (OPEN, CLOSE)
 
     def read_body(self, text: str, start: int, marker: str, final: bool) -> BodyResult | None:
         """The list of calls and the closing marker if it follows."""
