@@ -3,11 +3,11 @@
 
 SmolLM2's template cannot render tools, so the server writes the generic tool prompt and reads
 replies with the hermes parser. `tool_choice: "required"` and a named function generate under the
-call grammar: 20 seeded choices (one request with n = 20: choice i draws with seed + i), whole and
-streamed, each a call valid against its function's schema (checked with `jsonschema`). A full loop
-(call, `role: tool` result, final answer) completes on chat completions and on the Responses API
-(`function_call` items, `function_call_output` input, the arguments events). Hostile schemas are a
-400 in bounded time while the server keeps answering.
+call grammar: 20 seeded choices (one request with n = 20: choice i draws with seed + i; 4 in the
+fast suite, 20 with `-m slow`), whole and streamed, each a call valid against its function's schema
+(checked with `jsonschema`). A full loop (call, `role: tool` result, final answer) completes on
+chat completions and on the Responses API (`function_call` items, `function_call_output` input, the
+arguments events). Hostile schemas are a 400 in bounded time while the server keeps answering.
 """
 
 from __future__ import annotations
@@ -83,13 +83,16 @@ def _valid(name: str, arguments: str, allowed: set[str]) -> None:
     ["required", {"type": "function", "function": {"name": "get_time"}}],
     ids=["required", "named"],
 )
-def test_forced_calls_are_valid_in_every_seeded_run(client: openai.OpenAI, tool_choice: Any) -> None:
+@pytest.mark.parametrize("runs", [4, pytest.param(RUNS, marks=pytest.mark.slow)], ids=["4", "20"])
+def test_forced_calls_are_valid_in_every_seeded_run(
+    client: openai.OpenAI, tool_choice: Any, runs: int
+) -> None:
     allowed = {"get_time"} if isinstance(tool_choice, dict) else set(SCHEMAS)
     common: dict[str, Any] = dict(
-        model="any", messages=ASK, tools=TOOLS, tool_choice=tool_choice, n=RUNS, seed=7, max_tokens=96
+        model="any", messages=ASK, tools=TOOLS, tool_choice=tool_choice, n=runs, seed=7, max_tokens=64
     )
     whole = client.chat.completions.create(**common, parallel_tool_calls=False)
-    assert len(whole.choices) == RUNS
+    assert len(whole.choices) == runs
     for choice in whole.choices:
         assert choice.finish_reason == "tool_calls", choice
         calls = choice.message.tool_calls
@@ -116,7 +119,7 @@ def test_forced_calls_are_valid_in_every_seeded_run(client: openai.OpenAI, tool_
                     entry["arguments"] += call.function.arguments
             if choice.finish_reason:
                 finish[choice.index] = choice.finish_reason
-    assert sorted(calls_by_choice) == list(range(RUNS))
+    assert sorted(calls_by_choice) == list(range(runs))
     for index, calls in calls_by_choice.items():
         assert calls, index
         first = calls[0]
@@ -158,7 +161,7 @@ def test_full_loop_on_chat_completions(client: openai.OpenAI) -> None:
 
 def test_auto_gives_text_or_valid_calls(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(
-        model="any", messages=ASK, tools=TOOLS, n=8, seed=11, max_tokens=96
+        model="any", messages=ASK, tools=TOOLS, n=4, seed=11, max_tokens=48
     )
     for choice in reply.choices:
         if choice.finish_reason == "tool_calls":

@@ -312,8 +312,9 @@ class ReplySplitter:
     """One choice's text split into content and calls as it streams; the whole reply is the same
     splitter fed everything at once, so streamed and whole replies agree by construction.
 
-    Whitespace-only content is held until text follows it, and dropped when the reply ends after a
-    call (the newlines models put between and after calls are not content).
+    Trailing whitespace of the content is held until text follows it, and dropped when a call
+    follows or the reply ends after a call (the newlines models put around calls are not content),
+    so the split is the same for any cut of the text.
     """
 
     syntax: CallSyntax
@@ -346,11 +347,11 @@ class ReplySplitter:
         out: list[ReplyDelta] = []
         for event in events:
             if isinstance(event, TextPiece):
-                if not (self._held + event.text).strip():
-                    self._held += event.text
-                    continue
-                out.append(self._content(self._held + event.text))
-                self._held = ""
+                text = self._held + event.text
+                kept = text.rstrip()
+                self._held = text[len(kept) :]  # trailing whitespace waits for what follows it
+                if kept:
+                    out.append(self._content(kept))
             else:
                 self._held = ""
                 given = event.id if self.syntax.name != "mistral" or _mistral_id(event.id) else None

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from infer.engine.grammar.spec import GrammarError, GrammarSpec
+from infer.engine.grammar.spec import JSON_OPTIONS, GrammarError, GrammarSpec
 from infer.engine.text.tool_calls.base import CallSyntax
 
 
@@ -39,7 +39,10 @@ def call_schema(functions: Sequence[FunctionSchema], arguments_key: str) -> dict
         }
         for f in functions
     ]
-    return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
+    schema = shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
+    # The fixed layout of every constrained JSON (spec.JSON_OPTIONS), which an inline `%json` takes
+    # from the schema's `x-guidance` key: a small model cannot wander into endless whitespace.
+    return {"x-guidance": JSON_OPTIONS, **schema}
 
 
 def tool_call_grammar(
