@@ -206,7 +206,7 @@ def _generate_with_tools(
 ) -> None:
     """`--tools`: a chat request with function tools; its content and calls printed once it ends
     (a call is known only when it is complete, so nothing streams)."""
-    from infer.cli.tool_use import read_reply, read_tools, tool_request
+    from infer.cli.tool_use import read_choice, read_reply, read_tools, tool_request
 
     if tools is None:
         fail("--tool-choice needs --tools")
@@ -214,15 +214,14 @@ def _generate_with_tools(
         fail("--tools needs the chat template: drop --raw")
     if stream:
         fail("--tools prints the reply once it is complete: drop --stream")
-    tool_list = read_tools(tools)
+    choice = read_choice(read_tools(tools), tool_choice)
     with StatusLine() as status:
         engine = open_engine(settings, max_num_seqs=1, status=status, verbose=options.verbose)
         request, plan = tool_request(
             engine,
             settings,
             messages,
-            tools=tool_list,
-            tool_choice=tool_choice,
+            choice=choice,
             stop=options.stop,
             ignore_eos=options.ignore_eos,
         )

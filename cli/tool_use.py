@@ -15,7 +15,14 @@ from typing import Any
 
 from infer.cli.options import fail
 from infer.cli.serve.errors import APIError
-from infer.cli.serve.tools import ReplySplitter, ToolPlan, finish_reason, plan_tools, read_tool_choice
+from infer.cli.serve.tools import (
+    ReplySplitter,
+    ToolChoice,
+    ToolPlan,
+    finish_reason,
+    plan_tools,
+    read_tool_choice,
+)
 from infer.engine import (
     ChatTemplateError,
     DoneEvent,
@@ -51,22 +58,29 @@ def _choice_value(tool_choice: str | None) -> str | dict[str, Any] | None:
     return {"type": "function", "function": {"name": tool_choice}}
 
 
+def read_choice(tools: list[Any], tool_choice: str | None) -> ToolChoice:
+    """The tools and `--tool-choice`, checked before any model loads (exit 2 on bad input)."""
+    try:
+        choice = read_tool_choice(tools, _choice_value(tool_choice), None, flat=False, param="--tools")
+    except APIError as exc:
+        fail(exc.message)
+    if choice is None:
+        fail("--tool-choice needs --tools")
+    return choice
+
+
 def tool_request(
     engine: Engine,
     settings: Settings,
     messages: list[dict[str, Any]],
     *,
-    tools: list[Any],
-    tool_choice: str | None,
+    choice: ToolChoice,
     stop: list[str] | None = None,
     ignore_eos: bool = False,
 ) -> tuple[Request, ToolPlan]:
     """The request for a chat with tools, and how its reply is read (exit 2 on bad input)."""
     tokenizer = engine.tokenizer
     try:
-        choice = read_tool_choice(tools, _choice_value(tool_choice), None, flat=False, param="--tools")
-        if choice is None:
-            fail("--tool-choice needs --tools")
         template = chat_template_of(tokenizer)
         plan = plan_tools(
             choice,
