@@ -138,9 +138,10 @@ def read_tool_choice(
     elif tool_choice in ("none", "auto", "required"):
         mode = tool_choice
     elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        named = tool_choice.get("name") if flat else (tool_choice.get("function") or {}).get("name")
-        if flat and named is None:  # the chat shape is accepted on responses too
-            named = (tool_choice.get("function") or {}).get("name")
+        function = tool_choice.get("function")
+        nested = function.get("name") if isinstance(function, dict) else None
+        # Responses names the function at the top; the chat shape is accepted there too.
+        named = (tool_choice.get("name") or nested) if flat else nested
         if not isinstance(named, str):
             raise APIError("tool_choice names no function", param="tool_choice")
         if named not in names:
