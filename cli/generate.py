@@ -105,6 +105,26 @@ def generate(
             rich_help_panel=PANEL_IO,
         ),
     ] = None,
+    tools: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--tools",
+            metavar="FILE",
+            help="JSON file with function tools (OpenAI's shape) the model may call; the calls are "
+            "printed as name(arguments), structured under --json.",
+            rich_help_panel=PANEL_IO,
+        ),
+    ] = None,
+    tool_choice: Annotated[
+        Optional[str],
+        typer.Option(
+            "--tool-choice",
+            metavar="CHOICE",
+            help="With --tools: auto (default), none, required, or a function's name (required and a "
+            "name generate under a grammar that allows only valid calls).",
+            rich_help_panel=PANEL_IO,
+        ),
+    ] = None,
     interactive: Annotated[
         bool,
         typer.Option(
@@ -127,6 +147,18 @@ def generate(
     chat_messages = _read_messages(messages) if messages else with_system(options.system, text, chat)
     if text is None and chat_messages is None:
         fail("give a PROMPT, -p TEXT, -f FILE, '-' for standard input, or --messages FILE")
+    if tools is not None or tool_choice is not None:
+        _generate_with_tools(
+            settings,
+            options,
+            chat_messages or [{"role": "user", "content": text or ""}],
+            chat=chat,
+            tools=tools,
+            tool_choice=tool_choice,
+            as_json=as_json,
+            stream=stream,
+        )
+        return
     streaming = stream if stream is not None else (sys.stdout.isatty() and not as_json)
     with StatusLine() as status:
         engine = open_engine(settings, max_num_seqs=1, status=status, verbose=options.verbose)
@@ -155,6 +187,62 @@ def generate(
         verbose=options.verbose,
         json_text=result_json(engine, request, done),
     )
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if done.finish_reason == "error":
+        raise typer.Exit(1)
+
+
+def _generate_with_tools(
+    settings: Settings,
+    options: PromptOptions,
+    messages: list[dict],
+    *,
+    chat: bool | None,
+    tools: Path | None,
+    tool_choice: str | None,
+    as_json: bool,
+    stream: bool | None,
+) -> None:
+    """`--tools`: a chat request with function tools; its content and calls printed once it ends
+    (a call is known only when it is complete, so nothing streams)."""
+    from infer.cli.tool_use import read_choice, read_reply, read_tools, tool_request
+
+    if tools is None:
+        fail("--tool-choice needs --tools")
+    if chat is False:
+        fail("--tools needs the chat template: drop --raw")
+    if stream:
+        fail("--tools prints the reply once it is complete: drop --stream")
+    choice = read_choice(read_tools(tools), tool_choice)
+    with StatusLine() as status:
+        engine = open_engine(settings, max_num_seqs=1, status=status, verbose=options.verbose)
+        request, plan = tool_request(
+            engine,
+            settings,
+            messages,
+            choice=choice,
+            stop=options.stop,
+            ignore_eos=options.ignore_eos,
+        )
+        engine.start()
+        interrupted = False
+        try:
+            done = run_request(engine, request, None, status)
+        except Interrupted as stopped:
+            done, interrupted = stopped.done, True
+        finally:
+            engine.shutdown()
+    reply = read_reply(plan, done)
+    if as_json:
+        fields = json.loads(result_json(engine, request, done))
+        fields.update(content=reply.content, tool_calls=reply.calls, finish_reason=reply.finish_reason)
+        print(json.dumps(fields, ensure_ascii=False))
+    else:
+        print(reply.text())
+    sys.stdout.flush()
+    if options.verbose or done.finish_reason in ("error", "cancelled"):
+        print(stats_line(done), file=sys.stderr)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
     if done.finish_reason == "error":

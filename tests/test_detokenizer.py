@@ -96,3 +96,14 @@ def test_bad_id_is_rejected(smollm: Tokenizer) -> None:
     detok = IncrementalDetokenizer(smollm)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         detok.add(smollm.vocab_size)
+
+
+def test_shown_special_tokens_render_their_text(smollm: Tokenizer) -> None:
+    # A tool-call marker that is a control token must reach the call parser as text.
+    start, end = smollm.token_id("<|im_start|>"), smollm.token_id("<|im_end|>")
+    assert start in smollm.control_ids and end in smollm.control_ids
+    ids = [start, *smollm.encode("hi", parse_special=False, add_bos=False), end]
+    shown = IncrementalDetokenizer(smollm, shown_special=[start])
+    assert "".join(shown.add(i) for i in ids) + shown.flush() == "<|im_start|>hi"
+    plain = IncrementalDetokenizer(smollm)
+    assert "".join(plain.add(i) for i in ids) + plain.flush() == "hi"

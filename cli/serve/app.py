@@ -74,6 +74,8 @@ class AppOptions:
     """Require `Authorization: Bearer KEY` on every route but /health (None: open)."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     """Larger request bodies are refused (413), counted as they arrive (cli/serve/limits.py)."""
+    tool_call_parser: str | None = None
+    """The call syntax replies are read in (`--tool-call-parser`; None: the template's)."""
 
 
 def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastAPI:
@@ -88,6 +90,7 @@ def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastA
         model_id=options.model_id,
         aliases=options.aliases,
         accept_any_model=options.accept_any_model,
+        tool_call_parser=options.tool_call_parser,
     )
 
     @asynccontextmanager

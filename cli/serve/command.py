@@ -106,6 +106,12 @@ def serve(settings: Settings, options: ServeOptions) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat, completions, responses, models)."""
     if options.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         fail(f"--log-level must be one of critical, error, warning, info, debug (got {options.log_level!r})")
+    if options.tool_call_parser is not None:
+        from infer.engine import TOOL_CALL_PARSERS  # here: `infer --help` loads no engine code
+
+        if options.tool_call_parser not in TOOL_CALL_PARSERS:
+            names = ", ".join(TOOL_CALL_PARSERS)
+            fail(f"--tool-call-parser must be one of {names} (got {options.tool_call_parser!r})")
     sock = _listen(options.host, options.port)
     engine = open_engine(settings)
     model_id = model_id_of(settings)
@@ -118,6 +124,7 @@ def serve(settings: Settings, options: ServeOptions) -> None:
             accept_any_model=options.accept_any_model,
             api_key=options.api_key or None,
             max_body_bytes=int(options.max_body_mb * 2**20),
+            tool_call_parser=options.tool_call_parser,
         ),
     )
     bridge = app.state.ctx.bridge

@@ -28,7 +28,16 @@ from infer.cli.serve.schemas import (
     is_constraint_param,
 )
 from infer.cli.serve.sse import DONE, SSEResponse, finite_or_none, sse_data
-from infer.engine import DoneEvent, RequestStream, TokenEvent, Tokenizer, merge_spec_counters, spec_summary
+from infer.cli.serve.tools import ContentDelta, ReplyDelta, ReplySplitter, finish_reason
+from infer.engine import (
+    CallSyntax,
+    DoneEvent,
+    RequestStream,
+    TokenEvent,
+    Tokenizer,
+    merge_spec_counters,
+    spec_summary,
+)
 
 router = APIRouter()
 
@@ -179,7 +188,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     ctx: ServeContext = request.app.state.ctx
     ctx.check_model(body.model)
     body.check_supported()
-    ids = await ctx.chat_prompt(body.chat_messages())
+    ids, plan = await ctx.tool_prompt(body.chat_messages(), body.tool_choice_of())
+    if plan is not None:
+        body.use_tool_grammar(
+            lambda exclusive: plan.grammar(exclusive=exclusive), plan.shown_special_ids(ctx.engine.tokenizer)
+        )
+    parser = plan.syntax if plan is not None and plan.parses else None
     completion_id = new_id("chatcmpl-")
     _, seed, streams = await ctx.start(
         body, [ids], choices=body.n, id_prefix=completion_id, prompt_param="messages"
@@ -196,7 +210,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     )
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = _chat_chunks(ctx, streams, head, formatter, len(ids), include_usage, body.return_token_ids)
+        chunks = _chat_chunks(
+            ctx, streams, head, formatter, len(ids), include_usage, body.return_token_ids, parser
+        )
         return SSEResponse(chunks, on_close=lambda: ctx.bridge.release(streams))
 
     results = await run_whole(ctx, request, streams)
@@ -206,11 +222,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         logprobs = None
         if formatter is not None:
             logprobs = {"content": [formatter.chat(t) for t in result.tokens], "refusal": None}
+        message: dict[str, Any] = {"role": "assistant", "content": result.done.text, "refusal": None}
+        splitter = ReplySplitter(parser) if parser is not None else None
+        if splitter is not None:
+            splitter.feed(result.done.text)
+            splitter.finish()
+            message["content"] = splitter.text
+            if splitter.calls:
+                message["tool_calls"] = [call.openai() for call in splitter.calls]
         choice = {
             "index": index,
-            "message": {"role": "assistant", "content": result.done.text, "refusal": None},
+            "message": message,
             "logprobs": logprobs,
-            "finish_reason": result.done.finish_reason,
+            "finish_reason": finish_reason(result.done.finish_reason, splitter),
         }
         if body.return_token_ids:
             choice["token_ids"] = list(result.done.token_ids)
@@ -237,8 +261,10 @@ async def _chat_chunks(
     prompt_tokens: int,
     include_usage: bool,
     token_ids: bool = False,
+    parser: CallSyntax | None = None,
 ) -> AsyncIterator[bytes]:
     head = {**head, "object": "chat.completion.chunk"}
+    splitters = [ReplySplitter(parser) if parser is not None else None for _ in streams]
     usage_field = {"usage": None} if include_usage else {}
     pending_ids: list[list[int]] = [[] for _ in streams]
 
@@ -266,18 +292,42 @@ async def _chat_chunks(
                 if formatter is not None:
                     pending[index].append(formatter.chat(event))
                 if event.text:  # a token without text yet (half a character) sends nothing
-                    yield chunk(index, {"content": event.text}, None, pending[index] if formatter else None)
-                    pending[index] = []
+                    splitter = splitters[index]
+                    deltas = [ContentDelta(event.text)] if splitter is None else splitter.feed(event.text)
+                    for delta in _reply_chunks(deltas):
+                        yield chunk(index, delta, None, pending[index] if formatter else None)
+                        pending[index] = []
                 continue
             if event.finish_reason in ("error", "cancelled"):
                 yield _stream_failure(ctx, event)
                 yield DONE
                 return
             dones.append(event)
-            yield chunk(index, {}, event.finish_reason, (pending[index] or None) if formatter else None)
+            splitter = splitters[index]
+            if splitter is not None:
+                for delta in _reply_chunks(splitter.finish()):
+                    yield chunk(index, delta, None, pending[index] if formatter else None)
+                    pending[index] = []
+            reason = finish_reason(event.finish_reason, splitter)
+            yield chunk(index, {}, reason, (pending[index] or None) if formatter else None)
     if include_usage:
         yield sse_data({**head, "choices": [], "usage": usage_of(dones, [prompt_tokens])})
     yield DONE
+
+
+def _reply_chunks(deltas: Sequence[ReplyDelta]) -> list[dict[str, Any]]:
+    """The chat `delta` objects for content and calls: a call is two chunks, its id and name with
+    empty arguments, then the arguments (as OpenAI streams a call: the name first, the arguments
+    in pieces after it)."""
+    out: list[dict[str, Any]] = []
+    for delta in deltas:
+        if isinstance(delta, ContentDelta):
+            out.append({"content": delta.text})
+            continue
+        head = {"index": delta.index, "id": delta.id, "type": "function"}
+        out.append({"tool_calls": [{**head, "function": {"name": delta.call.name, "arguments": ""}}]})
+        out.append({"tool_calls": [{"index": delta.index, "function": {"arguments": delta.call.arguments}}]})
+    return out
 
 
 # -- completions ---------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ that never blocks the event loop."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -14,14 +16,21 @@ from typing import Any
 from infer.cli.serve.bridge import EngineBridge
 from infer.cli.serve.errors import APIError
 from infer.cli.serve.schemas import INVALID_GRAMMAR, Generation, is_constraint_param
+from infer.cli.serve.tools import ToolChoice, ToolPlan, plan_tools, tools_free
 from infer.engine import (
+    GENERIC_TOOL_SYNTAX,
+    CallSyntax,
     ChatTemplateError,
     Engine,
     Request,
     RequestError,
     RequestStream,
     TemplateSandbox,
+    chat_template_of,
     prompt_ids,
+    syntax_for_template,
+    syntax_named,
+    template_renders_tools,
 )
 from infer.profiles.settings import Settings
 
@@ -84,6 +93,8 @@ class ServeContext:
     )
     """Where a body's grammar compiles (waiting on the one compile worker): apart from the event
     loop's default threads, so requests that wait for hostile grammars never delay the ones without."""
+    tool_call_parser: str | None = None
+    """`--tool-call-parser`: the call syntax replies are read in (None: the one the template teaches)."""
     created: int = field(default_factory=lambda: int(time.time()))
     """When the model was loaded (the /v1/models `created` field)."""
 
@@ -133,19 +144,54 @@ class ServeContext:
                 code="context_length_exceeded",
             )
 
-    async def chat_prompt(self, messages: list[dict[str, Any]], param: str = "messages") -> list[int]:
-        """Token ids of `messages` rendered with the model's chat template (APIError 400 if bad)."""
+    async def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        param: str = "messages",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Token ids of `messages` rendered with the model's chat template, `tools` handed to it
+        (APIError 400 if bad)."""
         tokenizer = self.engine.tokenizer
 
         def work() -> list[int]:
             _check_encodable(messages, param)
+            _check_encodable(tools, "tools")
             self._check_size(_message_text(messages), param)
+            if tools:
+                self._check_size(json.dumps(tools), "tools")
             try:
-                return prompt_ids(tokenizer, messages=messages, sandbox=self.sandbox)
+                return prompt_ids(tokenizer, messages=messages, sandbox=self.sandbox, tools=tools)
             except ChatTemplateError as exc:
                 raise APIError(str(exc), param=param, code=exc.code) from None
 
         return await asyncio.to_thread(work)
+
+    async def tool_prompt(
+        self, messages: list[dict[str, Any]], choice: ToolChoice | None, param: str = "messages"
+    ) -> tuple[list[int], ToolPlan | None]:
+        """`chat_prompt` for a request with tools: its plan (cli/serve/tools.py), and the prompt
+        rendered as the plan says (the template's own tool rendering or the generic tool prompt)."""
+        if choice is None:
+            return await self.chat_prompt(tools_free(messages, param), param), None
+        forms = [tool.template_form() for tool in choice.tools]
+        # Checked before the tools join the messages (the generic prompt), off the event loop.
+        await asyncio.to_thread(lambda: self._check_size(json.dumps(forms), "tools"))
+        renders, syntax = await asyncio.to_thread(lambda: self._template_tools)
+        plan = plan_tools(choice, parser=self.tool_call_parser, template_syntax=syntax, renders_tools=renders)
+        assert plan is not None
+        ids = await self.chat_prompt(plan.messages(messages, param), param, plan.template_tools())
+        return ids, plan
+
+    @functools.cached_property
+    def _template_tools(self) -> tuple[bool, CallSyntax]:
+        """Whether the model's template renders tools, and the call syntax it teaches (once)."""
+        tokenizer = self.engine.tokenizer
+        try:
+            template = chat_template_of(tokenizer)
+        except ChatTemplateError:
+            return False, syntax_named(GENERIC_TOOL_SYNTAX)
+        return template_renders_tools(tokenizer, self.sandbox), syntax_for_template(template)
 
     async def text_prompt(self, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:
         """Token ids of a raw prompt (text, or ids checked against the vocabulary)."""

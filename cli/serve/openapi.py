@@ -57,6 +57,8 @@ class ChatMessageOut(_Open):
 
     role: str
     content: Optional[str]
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    """The calls the reply made (`{id, type: function, function: {name, arguments}}`), when any."""
 
 
 class ChatChoice(_Open):

@@ -44,6 +44,14 @@ class ServeOptions:
         help="Answer a request naming any model with the served one (responses still name the served "
         "model), for clients whose model name is hard-wired; off: another name is 404.",
     )
+    tool_call_parser: Optional[str] = option(
+        None,
+        "--tool-call-parser",
+        metavar="NAME",
+        help="How replies' tool calls are read: hermes, llama3_json, mistral, phi4_mini_json, json (or the "
+        "aliases qwen, qwen3, llama3, granite); default: the syntax the model's chat template teaches "
+        "(hermes for a template that cannot render tools).",
+    )
     log_level: str = option(
         "warning", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."
     )

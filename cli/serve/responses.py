@@ -21,6 +21,7 @@ from infer.cli.serve.completions import LogprobFormatter, failure_error, run_who
 from infer.cli.serve.context import ServeContext, new_id
 from infer.cli.serve.responses_schema import ResponsesRequest
 from infer.cli.serve.sse import SSEResponse, sse_event
+from infer.cli.serve.tools import CallDelta, ContentDelta, FunctionTool, ReplyDelta, ReplySplitter, ToolChoice
 from infer.engine import DoneEvent, RequestStream, SamplingParams, TokenEvent
 
 router = APIRouter()
@@ -30,9 +31,16 @@ class _ResponseBuilder:
     """The `response` object at each stage, and its message output item."""
 
     def __init__(
-        self, response_id: str, ctx: ServeContext, body: ResponsesRequest, params: SamplingParams, seed: int
+        self,
+        response_id: str,
+        ctx: ServeContext,
+        body: ResponsesRequest,
+        params: SamplingParams,
+        seed: int,
+        choice: ToolChoice | None = None,
     ) -> None:
         self.id = response_id
+        self.choice = choice
         self.message_id = new_id("msg_")
         self.created_at = time.time()
         self.body = body
@@ -96,18 +104,41 @@ class _ResponseBuilder:
             "max_output_tokens": self.body.max_output_tokens,
             "model": self.ctx.model_id,
             "output": output,
-            "parallel_tool_calls": False,
+            "parallel_tool_calls": self.choice.parallel if self.choice else True,
             "temperature": self.params.temperature,
             "top_p": self.params.top_p,
             "top_logprobs": self.body.top_logprobs,
-            "tool_choice": "none",
-            "tools": [],
+            "tool_choice": self.choice.echo() if self.choice else "auto",
+            "tools": [_flat_tool(t) for t in self.choice.tools] if self.choice else [],
             "text": {"format": self._format()},
             "truncation": "disabled",
             "usage": usage,
             "metadata": self.body.metadata or {},
             "seed": self.seed,
         }
+
+
+def _flat_tool(tool: FunctionTool) -> dict[str, Any]:
+    """A tool in the Responses shape."""
+    return {
+        "type": "function",
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": tool.parameters,
+        "strict": True,
+    }
+
+
+def function_call_item(delta: CallDelta, status: str = "completed") -> dict[str, Any]:
+    """A `function_call` output item (arguments empty while in progress)."""
+    return {
+        "id": f"fc_{delta.id.removeprefix('call_')}",
+        "type": "function_call",
+        "status": status,
+        "call_id": delta.id,
+        "name": delta.call.name,
+        "arguments": delta.call.arguments if status == "completed" else "",
+    }
 
 
 def _final_status(done: DoneEvent) -> str:
@@ -120,30 +151,48 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     ctx: ServeContext = request.app.state.ctx
     ctx.check_model(body.model)
     body.check_supported()
-    ids = await ctx.chat_prompt(body.chat_messages(), param="input")
+    choice = body.tool_choice_of()
+    ids, plan = await ctx.tool_prompt(body.chat_messages(), choice, param="input")
+    if plan is not None:
+        body.use_tool_grammar(
+            lambda exclusive: plan.grammar(exclusive=exclusive), plan.shown_special_ids(ctx.engine.tokenizer)
+        )
+    splitter = ReplySplitter(plan.syntax) if plan is not None and plan.parses else None
     response_id = new_id("resp_")
     requests, seed, streams = await ctx.start(
         body, [ids], choices=1, id_prefix=response_id, prompt_param="input"
     )
-    builder = _ResponseBuilder(response_id, ctx, body, requests[0].sampling, seed)
+    builder = _ResponseBuilder(response_id, ctx, body, requests[0].sampling, seed, choice)
     formatter = LogprobFormatter(ctx.engine.tokenizer) if body.wants_logprobs() else None
     if body.stream:
-        events = _response_events(ctx, streams[0], builder, formatter)
+        events = _response_events(ctx, streams[0], builder, formatter, splitter)
         return SSEResponse(events, on_close=lambda: ctx.bridge.release(streams))
 
     (result,) = await run_whole(ctx, request, streams)
     assert result.done is not None
     logprobs = [formatter.chat(t) for t in result.tokens] if formatter else None
     status = _final_status(result.done)
-    message = builder.message(
-        result.done.text, "completed" if status == "completed" else "incomplete", logprobs
-    )
-    return JSONResponse(builder.response(status, [message], result.done))
+    item_status = "completed" if status == "completed" else "incomplete"
+    if splitter is None:
+        output = [builder.message(result.done.text, item_status, logprobs)]
+    else:
+        splitter.feed(result.done.text)
+        splitter.finish()
+        output = [builder.message(splitter.text, item_status, logprobs)] if splitter.text else []
+        output += [function_call_item(call) for call in splitter.calls]
+    return JSONResponse(builder.response(status, output, result.done))
 
 
 async def _response_events(
-    ctx: ServeContext, stream: RequestStream, builder: _ResponseBuilder, formatter: LogprobFormatter | None
+    ctx: ServeContext,
+    stream: RequestStream,
+    builder: _ResponseBuilder,
+    formatter: LogprobFormatter | None,
+    splitter: ReplySplitter | None = None,
 ) -> AsyncIterator[bytes]:
+    """The typed events of one response. Without tools the message item opens at once; with them
+    it opens at the first content text, and each call is a `function_call` item (added, its
+    arguments as a delta, done) in output order."""
     sequence = 0
 
     def event(kind: str, **data: Any) -> bytes:
@@ -152,14 +201,84 @@ async def _response_events(
         sequence += 1
         return sse_event(kind, payload)
 
-    where = {"item_id": builder.message_id, "output_index": 0}
-    yield event("response.created", response=builder.response("in_progress", []))
-    yield event("response.in_progress", response=builder.response("in_progress", []))
-    yield event("response.output_item.added", output_index=0, item=builder.message("", "in_progress", None))
-    yield event("response.content_part.added", **where, content_index=0, part=builder.part("", None))
+    output: list[dict[str, Any]] = []
+    message_index: int | None = None
     pending: list[dict[str, Any]] = []
     all_logprobs: list[dict[str, Any]] = []
     text: list[str] = []
+
+    def where() -> dict[str, Any]:
+        return {"item_id": builder.message_id, "output_index": message_index}
+
+    def open_message() -> list[bytes]:
+        nonlocal message_index
+        message_index = len(output)
+        output.append(builder.message("", "in_progress", None))
+        return [
+            event("response.output_item.added", output_index=message_index, item=output[message_index]),
+            event("response.content_part.added", **where(), content_index=0, part=builder.part("", None)),
+        ]
+
+    def close_message(status: str) -> list[bytes]:
+        if message_index is None:
+            return []
+        full = "".join(text)
+        logprobs = all_logprobs if formatter else None
+        item = builder.message(full, status, logprobs)
+        output[message_index] = item
+        return [
+            event(
+                "response.output_text.done", **where(), content_index=0, text=full, logprobs=logprobs or []
+            ),
+            event(
+                "response.content_part.done", **where(), content_index=0, part=builder.part(full, logprobs)
+            ),
+            event("response.output_item.done", output_index=message_index, item=item),
+        ]
+
+    def call_events(delta: CallDelta) -> list[bytes]:
+        index = len(output)
+        item = function_call_item(delta)
+        output.append(item)
+        at = {"item_id": item["id"], "output_index": index}
+        return [
+            event(
+                "response.output_item.added",
+                output_index=index,
+                item=function_call_item(delta, "in_progress"),
+            ),
+            event("response.function_call_arguments.delta", **at, delta=delta.call.arguments),
+            event("response.function_call_arguments.done", **at, arguments=delta.call.arguments),
+            event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def deltas_events(deltas: list[ReplyDelta]) -> list[bytes]:
+        nonlocal pending
+        out: list[bytes] = []
+        for delta in deltas:
+            if isinstance(delta, CallDelta):
+                out += call_events(delta)
+                continue
+            if message_index is None:
+                out += open_message()
+            text.append(delta.text)
+            out.append(
+                event(
+                    "response.output_text.delta",
+                    **where(),
+                    content_index=0,
+                    delta=delta.text,
+                    logprobs=pending,
+                )
+            )
+            pending = []
+        return out
+
+    yield event("response.created", response=builder.response("in_progress", []))
+    yield event("response.in_progress", response=builder.response("in_progress", []))
+    if splitter is None:
+        for chunk in open_message():
+            yield chunk
     async with aclosing(ctx.bridge.events([stream])) as events:
         async for _, item in events:
             if isinstance(item, TokenEvent):
@@ -168,15 +287,9 @@ async def _response_events(
                     pending.append(entry)
                     all_logprobs.append(entry)
                 if item.text:  # never an empty delta: a token without text waits for one that has it
-                    text.append(item.text)
-                    yield event(
-                        "response.output_text.delta",
-                        **where,
-                        content_index=0,
-                        delta=item.text,
-                        logprobs=pending,
-                    )
-                    pending = []
+                    deltas = [ContentDelta(item.text)] if splitter is None else splitter.feed(item.text)
+                    for chunk in deltas_events(deltas):
+                        yield chunk
                 continue
             done = item
     failure = failure_error(ctx, done)
@@ -186,11 +299,10 @@ async def _response_events(
         partial = builder.message("".join(text), "incomplete", all_logprobs if formatter else None)
         yield event("response.failed", response=builder.response("failed", [partial], done, error))
         return
-    full = "".join(text)
-    logprobs = all_logprobs if formatter else None
-    yield event("response.output_text.done", **where, content_index=0, text=full, logprobs=logprobs or [])
-    yield event("response.content_part.done", **where, content_index=0, part=builder.part(full, logprobs))
+    if splitter is not None:
+        for chunk in deltas_events(splitter.finish()):
+            yield chunk
     status = _final_status(done)
-    message = builder.message(full, "completed" if status == "completed" else "incomplete", logprobs)
-    yield event("response.output_item.done", output_index=0, item=message)
-    yield event(f"response.{status}", response=builder.response(status, [message], done))
+    for chunk in close_message("completed" if status == "completed" else "incomplete"):
+        yield chunk
+    yield event(f"response.{status}", response=builder.response(status, output, done))

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from infer.cli.serve.errors import APIError
 from infer.cli.serve.request_caps import MAX_CONTENT_PARTS, MAX_INCLUDE, MAX_MESSAGES, MAX_METADATA, MAX_TOOLS
 from infer.cli.serve.schemas import BodyModel, ContentPart, Generation, ResponseFormat
+from infer.cli.serve.tools import ToolChoice, read_tool_choice
 from infer.engine import GrammarSpec
 
 
@@ -18,12 +19,17 @@ class InputPart(ContentPart):
 
 
 class InputItem(BaseModel):
-    """A Responses input item; only messages are supported."""
+    """A Responses input item: a message, a past `function_call` of the model, or the
+    `function_call_output` the caller sends back for it."""
 
     model_config = ConfigDict(extra="allow")
     type: StrictStr = "message"
     role: Optional[Literal["user", "assistant", "system", "developer"]] = None
     content: Union[StrictStr, Annotated[list[InputPart], Field(max_length=MAX_CONTENT_PARTS)], None] = None
+    call_id: Optional[StrictStr] = None
+    name: Optional[StrictStr] = None
+    arguments: Optional[StrictStr] = None
+    output: Optional[Union[StrictStr, Annotated[list[InputPart], Field(max_length=MAX_CONTENT_PARTS)]]] = None
 
 
 class TextConfig(BodyModel):
@@ -45,7 +51,15 @@ class ResponsesRequest(Generation):
     top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=20, description="Alternatives per token.")
     include: Optional[list[StrictStr]] = Field(None, max_length=MAX_INCLUDE)
     text: Optional[TextConfig] = None
-    tools: Optional[list[dict[str, Any]]] = Field(None, max_length=MAX_TOOLS)
+    tools: Optional[list[dict[str, Any]]] = Field(
+        None, max_length=MAX_TOOLS, description="Function tools the model may call (JSON-schema parameters)."
+    )
+    tool_choice: Optional[Union[StrictStr, dict[str, Any]]] = Field(
+        None, description="none, auto (the default with tools), required, or {type: function, name}."
+    )
+    parallel_tool_calls: Optional[StrictBool] = Field(
+        None, description="Whether one response may hold several calls (default true)."
+    )
     previous_response_id: Optional[StrictStr] = None
     store: Optional[StrictBool] = None
     metadata: Optional[dict[str, StrictStr]] = Field(None, max_length=MAX_METADATA)
@@ -73,8 +87,10 @@ class ResponsesRequest(Generation):
                 "previous_response_id is not supported: responses are not stored",
                 param="previous_response_id",
             )
-        if self.tools:
-            raise APIError("tools are not supported by this server", param="tools")
+
+    def tool_choice_of(self) -> ToolChoice | None:
+        """The body's tools and choice, checked (APIError 400 naming the field)."""
+        return read_tool_choice(self.tools, self.tool_choice, self.parallel_tool_calls, flat=True)
 
     def format_spec(self) -> GrammarSpec | None:
         """`text.format`."""
@@ -91,7 +107,9 @@ class ResponsesRequest(Generation):
         return fmt is not None and fmt.type != "text"
 
     def chat_messages(self) -> list[dict[str, Any]]:
-        """`instructions` and `input` as chat messages. Raises APIError for a non-message item."""
+        """`instructions` and `input` as chat messages: `function_call` items become the
+        `tool_calls` of an assistant turn (consecutive calls one turn), `function_call_output`
+        items `tool` turns. Raises APIError for another item type."""
         messages: list[dict[str, Any]] = []
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
@@ -101,21 +119,54 @@ class ResponsesRequest(Generation):
         if not self.input:
             raise APIError("input must not be empty", param="input")
         for i, item in enumerate(self.input):
+            if item.type == "function_call":
+                messages.append(_call_turn(item, i, messages))
+                continue
+            if item.type == "function_call_output":
+                if item.call_id is None or item.output is None:
+                    raise APIError(
+                        f"input item {i} (function_call_output) needs call_id and output", param=f"input.{i}"
+                    )
+                output = _joined(item.output, i) if isinstance(item.output, list) else item.output
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+                continue
             if item.type != "message" or item.role is None:
                 raise APIError(
-                    f"input item {i} of type {item.type!r} is not supported (only messages)",
+                    f"input item {i} of type {item.type!r} is not supported "
+                    "(messages, function_call and function_call_output)",
                     param=f"input.{i}",
                 )
-            content = item.content
-            if isinstance(content, list):
-                texts = []
-                for j, part in enumerate(content):
-                    if part.type not in ("input_text", "output_text", "text") or part.text is None:
-                        raise APIError(
-                            f"input item {i} part {j} of type {part.type!r} is not supported (only text)",
-                            param=f"input.{i}.content.{j}",
-                        )
-                    texts.append(part.text)
-                content = "\n".join(texts)
+            content = _joined(item.content, i) if isinstance(item.content, list) else item.content
             messages.append({"role": item.role, "content": content or ""})
         return messages
+
+
+def _joined(parts: list[InputPart], i: int) -> str:
+    texts = []
+    for j, part in enumerate(parts):
+        if part.type not in ("input_text", "output_text", "text") or part.text is None:
+            raise APIError(
+                f"input item {i} part {j} of type {part.type!r} is not supported (only text)",
+                param=f"input.{i}.content.{j}",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _call_turn(item: InputItem, i: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The assistant turn a `function_call` item belongs to: the previous one when it holds calls
+    already (taken off `messages`: the caller appends the turn again), else a new one."""
+    if item.call_id is None or item.name is None:
+        raise APIError(f"input item {i} (function_call) needs call_id and name", param=f"input.{i}")
+    call = {
+        "id": item.call_id,
+        "type": "function",
+        "function": {"name": item.name, "arguments": item.arguments or "{}"},
+    }
+    if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
+        turn = messages.pop()
+        return {**turn, "tool_calls": [*turn["tool_calls"], call]}
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        turn = messages.pop()  # the text the model wrote before its calls
+        return {**turn, "tool_calls": [call]}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}

@@ -10,8 +10,9 @@ its one name, with its description in `/openapi.json`.
 
 from __future__ import annotations
 
+import dataclasses
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import (
@@ -36,6 +37,7 @@ from infer.cli.serve.request_caps import (
     MAX_TOOLS,
     STRING_CAPS,
 )
+from infer.cli.serve.tools import ToolChoice, read_tool_choice
 from infer.engine import (
     VALID_ROLES,
     GrammarError,
@@ -188,7 +190,26 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
 
     def has_constraint(self) -> bool:
         """Whether the body asks for an output constraint of its own (one to compile)."""
-        return self.json_schema is not None or self.grammar is not None or self.format_spec_given()
+        return (
+            self.json_schema is not None
+            or self.grammar is not None
+            or self.format_spec_given()
+            or self._tool_grammar is not None
+        )
+
+    _tool_grammar: Any = PrivateAttr(default=None)
+    """`use_tool_grammar`'s maker of the tool-call constraint (called where the grammar compiles)."""
+
+    _shown_special: tuple[int, ...] = PrivateAttr(default=())
+
+    def use_tool_grammar(
+        self, make: Callable[[bool], GrammarSpec | None], shown_special: tuple[int, ...] = ()
+    ) -> None:
+        """Generate under the constraint of the request's tools: `make(exclusive)` builds it (APIError
+        400 for a refused schema); `exclusive` is False when the body asks for another constraint.
+        `shown_special`: control tokens (call markers) the reply renders as text."""
+        self._tool_grammar = make
+        self._shown_special = shown_special
 
     def format_spec_given(self) -> bool:
         """Whether the route's own format field asks for a constraint (not free text)."""
@@ -218,6 +239,10 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         own = self.format_spec()
         if own is not None:
             given.append(own)
+        if self._tool_grammar is not None:
+            tools = self._tool_grammar(not given)
+            if tools is not None:
+                given.append(tools)
         if len(given) > 1:
             names = ", ".join(str(spec.parameter) for spec in given)
             raise APIError(f"only one output constraint can be given, got {names}", param=given[1].parameter)
@@ -382,6 +407,8 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
                         param = prompt_param
                     message = str(exc).replace("max_tokens", limit_param)
                     raise APIError(message, param=param) from None
+                if self._shown_special:
+                    request = dataclasses.replace(request, shown_special_ids=self._shown_special)
                 if not requests:
                     base_seed = int(request.seed or 0)  # an int: the request resolved it
                 requests.append(request)
@@ -467,8 +494,21 @@ class ChatCompletionRequest(Generation):
         None, ge=0, le=20, description="Alternatives per token (needs logprobs: true)."
     )
     response_format: Optional[ResponseFormat] = None
-    tools: Optional[list[dict[str, Any]]] = Field(None, max_length=MAX_TOOLS)
-    tool_choice: Optional[Union[StrictStr, dict[str, Any]]] = None
+    tools: Optional[list[dict[str, Any]]] = Field(
+        None, max_length=MAX_TOOLS, description="Function tools the model may call (JSON-schema parameters)."
+    )
+    tool_choice: Optional[Union[StrictStr, dict[str, Any]]] = Field(
+        None,
+        description="none, auto (the default with tools), required, or {type: function, function: {name}}; "
+        "required and a named function generate under a grammar that allows only valid calls.",
+    )
+    parallel_tool_calls: Optional[StrictBool] = Field(
+        None, description="Whether one reply may hold several calls (default true)."
+    )
+
+    def tool_choice_of(self) -> ToolChoice | None:
+        """The body's tools and choice, checked (APIError 400 naming the field)."""
+        return read_tool_choice(self.tools, self.tool_choice, self.parallel_tool_calls, flat=False)
 
     def token_limit(self) -> tuple[int | None, str]:
         """max_completion_tokens wins over the deprecated max_tokens."""
@@ -485,8 +525,6 @@ class ChatCompletionRequest(Generation):
     def check_supported(self) -> None:
         """Refuse what this server cannot honour, rather than silently ignore it."""
         super().check_supported()
-        if self.tools and self.tool_choice != "none":
-            raise APIError("tool calling is not supported by this server", param="tools")
 
     def format_spec(self) -> GrammarSpec | None:
         """`response_format`."""

@@ -187,6 +187,7 @@ class Engine:
             stop=request.stop,
             stop_ids=stop_ids,
             skip_special=request.skip_special,
+            shown_special=request.shown_special_ids,
             prompt_ids=request.prompt_ids,
         )
         stream = RequestStream(request.request_id, self.step, self._background_running, self.reap_cancelled)

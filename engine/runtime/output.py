@@ -32,10 +32,11 @@ class OutputProcessor:
         stop: Sequence[str] = (),
         stop_ids: Collection[int] = (),
         skip_special: bool = True,
+        shown_special: Collection[int] = (),
         prompt_ids: Sequence[int] = (),
     ) -> None:
         self._detokenizer = IncrementalDetokenizer(
-            tokenizer, skip_special=skip_special, prompt_ids=prompt_ids
+            tokenizer, skip_special=skip_special, shown_special=shown_special, prompt_ids=prompt_ids
         )
         self._stop = tuple(stop)
         self._stop_ids = frozenset(stop_ids)

@@ -57,6 +57,10 @@ class Request:
     """Keep generating past EOS/EOT (benchmarks, references)."""
     skip_special: bool = True
     """Special tokens render no text."""
+    shown_special_ids: tuple[int, ...] = ()
+    """Control tokens that render their text all the same: the markers a tool-calling reply is read
+    by (Mistral's `[TOOL_CALLS]`, Llama's `<|python_tag|>`), which are control tokens in their
+    vocabularies."""
     request_id: str = field(default_factory=new_request_id)
     seed: int | None = None
     """The seed of this request's draws, an int once the request exists: None takes `sampling.seed`,

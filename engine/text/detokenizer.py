@@ -10,7 +10,7 @@ the one space the encoder prefixes to the whole text is dropped, exactly as `Tok
 from __future__ import annotations
 
 import codecs
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,11 +27,17 @@ class IncrementalDetokenizer:
     """
 
     def __init__(
-        self, tokenizer: Tokenizer, *, skip_special: bool = True, prompt_ids: Sequence[int] = ()
+        self,
+        tokenizer: Tokenizer,
+        *,
+        skip_special: bool = True,
+        shown_special: Collection[int] = (),
+        prompt_ids: Sequence[int] = (),
     ) -> None:
-        """Start a stream; `prompt_ids` only tells whether the output continues existing text."""
+        """Start a stream; `prompt_ids` only tells whether the output continues existing text;
+        `shown_special` are control tokens rendered as text even with `skip_special`."""
         self._token_bytes = tokenizer.token_bytes
-        self._skipped = tokenizer.control_ids if skip_special else frozenset()
+        self._skipped = tokenizer.control_ids - frozenset(shown_special) if skip_special else frozenset()
         # Invalid bytes become U+FFFD exactly as bytes.decode(errors="replace") would in one go.
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         prompt_has_text = any(tokenizer.token_bytes(i) for i in prompt_ids if i not in self._skipped)
