@@ -23,6 +23,7 @@ from infer.cli.hub import is_hub_name
 from infer.cli.model_store import DEFAULT_MODEL, KNOWN_MODELS
 from infer.cli.options import fail, takes_options, with_settings
 from infer.cli.runtime import open_engine
+from infer.cli.serve.access_log import LOG_FORMATS, shutdown_line
 from infer.cli.serve.app import AppOptions, create_app
 from infer.cli.serve.limits import HttpLimits
 from infer.cli.serve.options import ServeOptions
@@ -106,6 +107,8 @@ def serve(settings: Settings, options: ServeOptions) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat, completions, responses, models)."""
     if options.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         fail(f"--log-level must be one of critical, error, warning, info, debug (got {options.log_level!r})")
+    if options.log_format not in LOG_FORMATS:
+        fail(f"--log-format must be one of {', '.join(LOG_FORMATS)} (got {options.log_format!r})")
     sock = _listen(options.host, options.port)
     engine = open_engine(settings)
     model_id = model_id_of(settings)
@@ -118,6 +121,8 @@ def serve(settings: Settings, options: ServeOptions) -> None:
             accept_any_model=options.accept_any_model,
             api_key=options.api_key or None,
             max_body_bytes=int(options.max_body_mb * 2**20),
+            log_format=options.log_format,  # type: ignore[arg-type]  # checked above
+            quiet=options.quiet,
         ),
     )
     bridge = app.state.ctx.bridge
@@ -131,7 +136,7 @@ def serve(settings: Settings, options: ServeOptions) -> None:
     config = uvicorn.Config(
         app,
         log_level=options.log_level,
-        access_log=options.log_level in ("info", "debug", "trace"),
+        access_log=False,  # infer's own access log (access_log.py) has the tokens and timings
         timeout_graceful_shutdown=int(options.shutdown_grace) + 5,  # backstop: the app cancels at `grace`
         lifespan="on",
         # header deadline, connection cap, keep-alive and request-head bounds (see limits.py)
@@ -158,6 +163,7 @@ def serve(settings: Settings, options: ServeOptions) -> None:
     # uvicorn restores the handlers it found and re-raises a caught SIGTERM/SIGINT after a graceful
     # shutdown; with no-op handlers in place that re-raise does nothing and the exit status stays 0.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    listening_since = time.monotonic()
     try:
         server.run(sockets=[sock])
     finally:
@@ -166,3 +172,11 @@ def serve(settings: Settings, options: ServeOptions) -> None:
         sock.close()
     if not server.started:
         fail("the server failed to start (see the log above)")
+    line = shutdown_line(
+        app.state.access_stats,
+        in_flight=bridge.in_flight_at_shutdown,
+        cancelled=bridge.cancelled_in_shutdown,
+        uptime_s=time.monotonic() - listening_since,
+        log_format=options.log_format,  # type: ignore[arg-type]
+    )
+    print(line, file=sys.stderr, flush=True)

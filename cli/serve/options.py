@@ -44,6 +44,16 @@ class ServeOptions:
         help="Answer a request naming any model with the served one (responses still name the served "
         "model), for clients whose model name is hard-wired; off: another name is 404.",
     )
+    log_format: str = option(
+        "text",
+        "--log-format",
+        help="The access log (one line per request on stderr, and one at shutdown): text or json.",
+    )
+    quiet: bool = option(
+        False, "--quiet", help="No access-log line per request (start-up and shutdown lines stay)."
+    )
     log_level: str = option(
-        "warning", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."
+        "warning",
+        "--log-level",
+        help="uvicorn's own log level: critical, error, warning, info, debug (the access log is infer's).",
     )
