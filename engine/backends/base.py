@@ -170,6 +170,11 @@ class HostSetup:
         go through the host BLAS or run on a device)."""
         return None
 
+    def threads_reason(self) -> str | None:
+        """One line saying why the host kernels run on the threads they do (fixed by `-t N`,
+        adapted to the load, ...), for `infer bench`; None when the backend has no host kernels."""
+        return None
+
 
 class Weight(Protocol):
     """A weight the backend created from a checkpoint array; models pass it back to the backend's ops."""
