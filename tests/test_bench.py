@@ -130,6 +130,8 @@ def test_bench_json_is_clean_and_baseline_regression_exits_1(
     fp = payload["fingerprint"]
     assert fp["cpu"]["model"] and fp["cpu"]["cores"] and fp["blas"] and fp["backend"] == "cpu"
     assert payload["backend"] == "cpu" and payload["threads"] >= 1
+    assert payload["threads_reason"].startswith("adaptive: ")  # why the count is what it is
+    assert f"threads {payload['threads']}: adaptive: " in result.stderr
     assert "REGRESSION" in result.stderr and "t/s" in result.stderr
 
 

@@ -67,6 +67,23 @@ def test_the_count_follows_other_processes_with_hysteresis() -> None:
     assert control.observe(machine.run(0.25, ours=2.0, others=0.35)) == 2
 
 
+def test_the_reason_names_the_load_behind_the_count() -> None:
+    machine = Machine()
+    control = AdaptiveThreads(2)
+    assert control.reason() == "adaptive: 2 of 2 cores (no load measured yet)"
+    control.observe(machine.sample())
+    control.observe(machine.run(0.25, ours=1.0, others=1.0))
+    assert control.reason() == (
+        "adaptive: 1 of 2 cores, other processes kept 1.0 busy in the last 0.25 s window; "
+        "-t N fixes the count"
+    )
+    control.observe(machine.run(0.25, ours=1.0, others=0.1))
+    assert control.reason() == (
+        "adaptive: 2 of 2 cores, other processes kept 0.1 busy in the last 0.25 s window "
+        "(as few as 1 earlier)"
+    )
+
+
 def test_many_cores_leave_what_other_processes_use() -> None:
     machine = Machine()
     control = AdaptiveThreads(8)
@@ -152,6 +169,9 @@ def test_a_fixed_thread_count_disables_the_adaptation(tiny_gguf: Path) -> None:
     blas = open_engine(resolve_or_fail({"model": str(tiny_gguf), "cpu_kernels": "blas"}, env={}))
     assert blas.backend.step_threads.adaptive is None  # the count applies to the numba kernels only
     assert blas.backend.step_threads.fixed is None
+    assert fixed.backend.threads_reason() == "fixed by -t 1"
+    assert adaptive.backend.threads_reason().startswith(f"adaptive: {cores} of {cores} cores")
+    assert blas.backend.threads_reason() == "the blas mode: the matmuls run on BLAS's own threads"
 
 
 def test_a_library_built_backend_leaves_the_count_alone(tiny_gguf: Path) -> None:

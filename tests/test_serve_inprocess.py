@@ -212,6 +212,8 @@ def test_shutdown_refuses_new_requests_and_cancels_after_grace(
     assert rest[-1] == "data: [DONE]"
     assert "shutting down" in json.loads(rest[-2][6:])["error"]["message"]
     assert _wait_idle(engine, 5) == 0
+    bridge = app.state.ctx.bridge  # what the shutdown line reports
+    assert (bridge.in_flight_at_shutdown, bridge.cancelled_in_shutdown) == (1, 1)
 
 
 @pytest.mark.real_model

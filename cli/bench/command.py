@@ -285,6 +285,9 @@ def _emit(
     console: Console,
 ) -> None:
     console.print(results_table(records, header))
+    if header.get("threads_reason"):  # why `threads` is what it is (issue 34: a bare `1` said nothing)
+        line = f"threads {header['threads']}: {header['threads_reason']}"
+        console.print(line, highlight=False, soft_wrap=True)
     for table in (latency_table(records), serving_table(records)):
         if table is not None:
             console.print(table)
@@ -308,6 +311,13 @@ def _compute_threads(engine: Engine) -> int | None:
 
     info = blas_info()
     return info[0]["threads"] if info else None
+
+
+def _threads_reason(engine: Engine) -> str:
+    """Why the run used the thread count it reports (the backend's own account, BLAS's otherwise)."""
+    backend = engine.backend
+    reason = backend.threads_reason() if backend is not None else None  # type: ignore[attr-defined]
+    return str(reason) if reason is not None else "the host BLAS's own thread count"
 
 
 @dataclass(frozen=True)
@@ -521,6 +531,7 @@ def _bench_engine(
         "model": model_name,
         "backend": choice.selected,
         "threads": settings.threads or _compute_threads(engine) or 0,
+        "threads_reason": _threads_reason(engine),
         "cpu_kernels": settings.cpu_kernels,
         "kv_cache_dtype": settings.kv_cache_dtype,
         "load_seconds": round(engine.load_seconds, 3),

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infer.cli.serve import completions, responses
+from infer.cli.serve.access_log import AccessLog, AccessStats, LogFormat
 from infer.cli.serve.bridge import RETRY_AFTER
 from infer.cli.serve.context import ServeContext
 from infer.cli.serve.errors import APIError, error_body, install_error_handlers
@@ -76,6 +77,10 @@ class AppOptions:
     """Larger request bodies are refused (413), counted as they arrive (cli/serve/limits.py)."""
     tool_call_parser: str | None = None
     """The call syntax replies are read in (`--tool-call-parser`; None: the template's)."""
+    log_format: LogFormat = "text"
+    """The access log's lines: `text` or `json` (cli/serve/access_log.py)."""
+    quiet: bool = False
+    """No access-log line per request."""
 
 
 def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastAPI:
@@ -192,5 +197,9 @@ def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastA
     install_openapi(app)
     app.add_middleware(BodyLimit, max_body_bytes=options.max_body_bytes)
     app.add_middleware(_Gate, api_key=options.api_key)  # outside the body limit: no key, no body read
-    app.add_middleware(CountStatuses, metrics=metrics)  # outermost: counts the gate's answers too
+    app.add_middleware(CountStatuses, metrics=metrics)  # counts the gate's answers too
+    app.state.access_stats = AccessStats()
+    app.add_middleware(  # outermost: logs every answer, timed from the first byte in
+        AccessLog, stats=app.state.access_stats, log_format=options.log_format, quiet=options.quiet
+    )
     return app

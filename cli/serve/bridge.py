@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from fastapi import Request as HTTPRequest
 
+from infer.cli.serve.access_log import note_done
 from infer.cli.serve.errors import SERVER_ERROR, APIError
 from infer.engine import DoneEvent, Engine, EngineBusy, Event, Request, RequestStream
 
@@ -39,6 +40,9 @@ class EngineBridge:
         self.shutting_down = False
         """True once shutdown began; a request the server cancels then says so in its error."""
         self._in_flight: set[RequestStream] = set()
+        self.in_flight_at_shutdown = 0
+        """Engine requests in flight when shutdown began (for the shutdown line)."""
+        self._cancelled_in_shutdown: set[RequestStream] = set()
 
     @property
     def in_flight(self) -> int:
@@ -92,6 +96,8 @@ class EngineBridge:
         if len(streams) == 1:  # the common case needs no tasks or queue
             try:
                 async for event in streams[0]:
+                    if isinstance(event, DoneEvent):
+                        note_done(event)  # the access log's figures for this HTTP request
                     yield 0, event
             finally:
                 self.release(streams)
@@ -109,6 +115,7 @@ class EngineBridge:
                 index, event = await queue.get()
                 if isinstance(event, DoneEvent):
                     remaining -= 1
+                    note_done(event)
                 yield index, event
         finally:
             for task in tasks:
@@ -119,6 +126,13 @@ class EngineBridge:
         """Cancel every request in flight (the end of the shutdown grace period)."""
         for stream in list(self._in_flight):
             stream.cancel()
+            if self.shutting_down:
+                self._cancelled_in_shutdown.add(stream)
+
+    @property
+    def cancelled_in_shutdown(self) -> int:
+        """Engine requests the end of the shutdown grace period cancelled."""
+        return len(self._cancelled_in_shutdown)
 
     def begin_shutdown(self, loop: asyncio.AbstractEventLoop, grace_seconds: float) -> None:
         """Stop admitting now; cancel whatever still runs after `grace_seconds`.
@@ -126,6 +140,8 @@ class EngineBridge:
         Safe to call from a signal handler: the timer is scheduled on `loop` thread-safely.
         """
         self.admitting = False
+        if not self.shutting_down:
+            self.in_flight_at_shutdown = len(self._in_flight)
         self.shutting_down = True
 
         def schedule() -> None:

@@ -23,6 +23,7 @@ from infer.cli.hub import is_hub_name
 from infer.cli.model_store import DEFAULT_MODEL, KNOWN_MODELS
 from infer.cli.options import fail, takes_options, with_settings
 from infer.cli.runtime import open_engine
+from infer.cli.serve.access_log import LOG_FORMATS, shutdown_line
 from infer.cli.serve.app import AppOptions, create_app
 from infer.cli.serve.limits import HttpLimits
 from infer.cli.serve.options import ServeOptions
@@ -112,6 +113,8 @@ def serve(settings: Settings, options: ServeOptions) -> None:
         if options.tool_call_parser not in TOOL_CALL_PARSERS:
             names = ", ".join(TOOL_CALL_PARSERS)
             fail(f"--tool-call-parser must be one of {names} (got {options.tool_call_parser!r})")
+    if options.log_format not in LOG_FORMATS:
+        fail(f"--log-format must be one of {', '.join(LOG_FORMATS)} (got {options.log_format!r})")
     sock = _listen(options.host, options.port)
     engine = open_engine(settings)
     model_id = model_id_of(settings)
@@ -125,6 +128,8 @@ def serve(settings: Settings, options: ServeOptions) -> None:
             api_key=options.api_key or None,
             max_body_bytes=int(options.max_body_mb * 2**20),
             tool_call_parser=options.tool_call_parser,
+            log_format=options.log_format,  # type: ignore[arg-type]  # checked above
+            quiet=options.quiet,
         ),
     )
     bridge = app.state.ctx.bridge
@@ -138,7 +143,7 @@ def serve(settings: Settings, options: ServeOptions) -> None:
     config = uvicorn.Config(
         app,
         log_level=options.log_level,
-        access_log=options.log_level in ("info", "debug", "trace"),
+        access_log=False,  # infer's own access log (access_log.py) has the tokens and timings
         timeout_graceful_shutdown=int(options.shutdown_grace) + 5,  # backstop: the app cancels at `grace`
         lifespan="on",
         # header deadline, connection cap, keep-alive and request-head bounds (see limits.py)
@@ -165,6 +170,7 @@ def serve(settings: Settings, options: ServeOptions) -> None:
     # uvicorn restores the handlers it found and re-raises a caught SIGTERM/SIGINT after a graceful
     # shutdown; with no-op handlers in place that re-raise does nothing and the exit status stays 0.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    listening_since = time.monotonic()
     try:
         server.run(sockets=[sock])
     finally:
@@ -173,3 +179,11 @@ def serve(settings: Settings, options: ServeOptions) -> None:
         sock.close()
     if not server.started:
         fail("the server failed to start (see the log above)")
+    line = shutdown_line(
+        app.state.access_stats,
+        in_flight=bridge.in_flight_at_shutdown,
+        cancelled=bridge.cancelled_in_shutdown,
+        uptime_s=time.monotonic() - listening_since,
+        log_format=options.log_format,  # type: ignore[arg-type]
+    )
+    print(line, file=sys.stderr, flush=True)

@@ -52,6 +52,16 @@ class ServeOptions:
         "aliases qwen, qwen3, llama3, granite); default: the syntax the model's chat template teaches "
         "(hermes for a template that cannot render tools).",
     )
+    log_format: str = option(
+        "text",
+        "--log-format",
+        help="The access log (one line per request on stderr, and one at shutdown): text or json.",
+    )
+    quiet: bool = option(
+        False, "--quiet", help="No access-log line per request (start-up and shutdown lines stay)."
+    )
     log_level: str = option(
-        "warning", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."
+        "warning",
+        "--log-level",
+        help="uvicorn's own log level: critical, error, warning, info, debug (the access log is infer's).",
     )

@@ -182,6 +182,11 @@ class HostSetup:
         gives it with that expert alone. Only backends whose `expert_stack` returns a weight have it."""
         raise BackendError(f"the {type(self).__name__} backend has no grouped expert product")
 
+    def threads_reason(self) -> str | None:
+        """One line saying why the host kernels run on the threads they do (fixed by `-t N`,
+        adapted to the load, ...), for `infer bench`; None when the backend has no host kernels."""
+        return None
+
 
 class Weight(Protocol):
     """A weight the backend created from a checkpoint array; models pass it back to the backend's ops."""

@@ -144,6 +144,16 @@ class StepThreads:
         if self.adaptive is not None:
             self.adaptive.before_step()
 
+    def reason(self) -> str:
+        """Why the kernels run on the threads they do, in one line."""
+        if not self.kernels:
+            return "the blas mode: the matmuls run on BLAS's own threads"
+        if self.fixed is not None:
+            return f"fixed by -t {self.fixed}"
+        if self.adaptive is not None:
+            return self.adaptive.controller.reason()
+        return "numba's own count (NUMBA_NUM_THREADS)"
+
 
 class CpuSetup(HostSetup):
     """The cpu backend's hooks around its ops (see base.HostSetup for what each one is for); the
@@ -185,6 +195,10 @@ class CpuSetup(HostSetup):
     def prepare_step(self) -> None:
         """The kernels' thread count for the load now, when it adapts (threads 0)."""
         self.step_threads.prepare_step()
+
+    def threads_reason(self) -> str | None:
+        """Why the matmuls run on the threads they do (see `StepThreads.reason`)."""
+        return self.step_threads.reason()
 
     def kernel_threads_now(self) -> int | None:
         """numba's thread count in this thread in the kernel modes; None with `blas`."""

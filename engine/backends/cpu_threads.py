@@ -114,12 +114,15 @@ class AdaptiveThreads:
     """The count chosen (0 until constructed: then `cores`)."""
     others: float | None = None
     """Cores other processes kept busy in the last window (None before the first)."""
+    fewest: int = 0
+    """The lowest count chosen so far (0 until constructed: then `current`)."""
     _start: CpuSample | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.cores = max(1, self.cores)
         if not 1 <= self.current <= self.cores:
             self.current = self.cores
+        self.fewest = self.current
 
     def due(self, now: float) -> bool:
         """Whether a window has passed since the last estimate (or none was started)."""
@@ -138,7 +141,20 @@ class AdaptiveThreads:
             self.current = lower
         elif higher > self.current:
             self.current = higher
+        self.fewest = min(self.fewest, self.current)
         return self.current
+
+    def reason(self) -> str:
+        """Why the count is what it is, in one line (`infer bench` shows it beside the count)."""
+        if self.others is None:
+            return f"adaptive: {self.current} of {self.cores} cores (no load measured yet)"
+        line = (
+            f"adaptive: {self.current} of {self.cores} cores, other processes kept {self.others:.1f} "
+            f"busy in the last {self.policy.interval_s:g} s window"
+        )
+        if self.fewest < self.current:
+            line += f" (as few as {self.fewest} earlier)"
+        return line + ("; -t N fixes the count" if self.current < self.cores else "")
 
 
 def others_busy(window_s: float = 0.25, cpus: frozenset[int] | None = None) -> float | None:

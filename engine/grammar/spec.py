@@ -17,17 +17,15 @@ from typing import Any, Literal
 
 from infer.engine.grammar import limits
 from infer.engine.grammar.compiler import CompileRefused, default_compiler
+from infer.engine.grammar.json_bounds import ANY_OBJECT, bound_numbers
+from infer.engine.grammar.json_layout import FIXED, LayoutError, layout_options
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "lark", "choice"]
 GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_schema", "json_object", "regex", "lark", "choice")
 
-JSON_OPTIONS: dict[str, Any] = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-}
-"""llguidance's JSON compiler options: one fixed layout (", " and ": ", no free whitespace), so a
-small model cannot wander into endless newlines inside a structure it has to close."""
+JSON_OPTIONS: dict[str, Any] = FIXED
+"""llguidance's JSON compiler options where no schema chooses (json_object, a grammar's `%json`):
+the fixed layout of `json_layout.py`."""
 
 
 class GrammarError(ValueError):
@@ -61,8 +59,18 @@ class GrammarSpec:
         elif self.kind != "json_object" and not self.source.strip():
             raise GrammarError(f"the {self.kind.replace('_', ' ')} is empty", self.parameter)
         self._check_bounds()
+        kind, source, options = self.kind, self.source, JSON_OPTIONS
+        if kind == "json_object":  # any object, as a schema: so its numbers are bounded too
+            kind, source = "json_schema", json.dumps(ANY_OBJECT)
+        if kind == "json_schema":  # llama.cpp's digit caps (json_bounds.py); its layout (json_layout.py)
+            schema = json.loads(source)
+            try:
+                options = layout_options(schema)
+            except LayoutError as exc:
+                raise GrammarError(f"invalid JSON schema: {exc}", self.parameter) from None
+            source = json.dumps(bound_numbers(schema))
         try:
-            compiled = default_compiler().compile(self.kind, self.source, self.choices, JSON_OPTIONS)
+            compiled = default_compiler().compile(kind, source, self.choices, options)
         except CompileRefused as exc:
             raise GrammarError(str(exc), self.parameter) from None
         object.__setattr__(self, "_grammar", compiled.grammar)
