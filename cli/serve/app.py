@@ -24,6 +24,8 @@ from infer.cli.serve.errors import APIError, error_body, install_error_handlers
 from infer.cli.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, send_json
 from infer.cli.serve.metrics import CountStatuses, ServerMetrics
 from infer.cli.serve.openapi import install_openapi
+from infer.cli.serve.webui import PATHS as WEBUI_PATHS
+from infer.cli.serve.webui import install_webui
 from infer.engine import Engine
 from infer.profiles.settings import Settings
 
@@ -38,16 +40,17 @@ class _Gate:
     a streaming response and the client and hide disconnects from it.
     """
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None) -> None:
+    def __init__(self, app: ASGIApp, *, api_key: str | None, open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
         self.api_key = api_key
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.api_key is not None and scope.get("path") not in OPEN_PATHS:
+        if self.api_key is not None and scope.get("path") not in self.open_paths:
             given = headers.get("authorization", "")
             token = given[7:].strip() if given[:7].lower() == "bearer " else ""
             if not hmac.compare_digest(token.encode(), self.api_key.encode()):
@@ -74,6 +77,8 @@ class AppOptions:
     """Require `Authorization: Bearer KEY` on every route but /health (None: open)."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     """Larger request bodies are refused (413), counted as they arrive (cli/serve/limits.py)."""
+    webui: bool = True
+    """Serve the chat page at `/` (cli/serve/webui.py); off (`--no-webui`): `/` is 404 as before."""
 
 
 def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastAPI:
@@ -186,8 +191,14 @@ def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastA
             code="not_implemented",
         )
 
+    open_paths = OPEN_PATHS
+    if options.webui:
+        install_webui(app)
+        open_paths = OPEN_PATHS | WEBUI_PATHS  # the page itself asks for the key the API needs
+
     install_openapi(app)
     app.add_middleware(BodyLimit, max_body_bytes=options.max_body_bytes)
-    app.add_middleware(_Gate, api_key=options.api_key)  # outside the body limit: no key, no body read
+    # outside the body limit: no key, no body read
+    app.add_middleware(_Gate, api_key=options.api_key, open_paths=open_paths)
     app.add_middleware(CountStatuses, metrics=metrics)  # outermost: counts the gate's answers too
     return app

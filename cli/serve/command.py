@@ -118,6 +118,7 @@ def serve(settings: Settings, options: ServeOptions) -> None:
             accept_any_model=options.accept_any_model,
             api_key=options.api_key or None,
             max_body_bytes=int(options.max_body_mb * 2**20),
+            webui=options.webui,
         ),
     )
     bridge = app.state.ctx.bridge

@@ -44,6 +44,12 @@ class ServeOptions:
         help="Answer a request naming any model with the served one (responses still name the served "
         "model), for clients whose model name is hard-wired; off: another name is 404.",
     )
+    webui: bool = option(
+        True,
+        "--webui/--no-webui",
+        help="Serve the chat page at / (static files in the package; no API key needed for the page "
+        "itself). --no-webui: / is 404; the API, /health and /metrics are the same either way.",
+    )
     log_level: str = option(
         "warning", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."
     )
