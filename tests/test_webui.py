@@ -327,6 +327,13 @@ def test_keyboard_settings_regenerate_edit_and_schema_at_phone_width(
     page.keyboard.press("Enter")
     assert "JSON" in page.inner_text("#settings-error") and page.is_visible("#settings-error")
     assert len(bodies) == count and page.input_value("#prompt") == "again"  # the text is kept
+    # A setting the server refuses: its 400 message is shown in the conversation, with Retry.
+    tab.settings(json_schema="", top_p="5")
+    page.keyboard.press("Enter") if page.evaluate(focused) == "prompt" else page.click("#send")
+    tab.wait_idle(30)
+    error = page.inner_text(".msg.error .content")
+    assert "top_p" in error, error
+    assert page.is_visible(".msg.error button:has-text('Retry')")
     tab.close()
 
 

@@ -1,10 +1,10 @@
 """The chat page at `/` (`--no-webui` leaves it out): five static files shipped in the package
 (cli/serve/static/: no build step, no library, nothing fetched from a network), answered from memory.
 
-The files are read when the app is made (a few tens of KB: well under a millisecond) and served with
-an ETag, `no-cache` (a browser revalidates, so an upgraded server never runs yesterday's script) and
-a Content-Security-Policy that lets the page run only its own scripts and talk only to this server.
-The page renders model text with DOM nodes alone (static/markdown.js); the policy is the second
+The files are read on the first request for one (a few tens of KB, kept for the app's life) and
+served with an ETag, `no-cache` (a browser revalidates, so an upgraded server never runs yesterday's
+script) and a Content-Security-Policy that lets the page run only its own scripts and talk only to
+this server. The page renders model text with DOM nodes alone (static/markdown.js); the policy is the second
 wall: even an element that slipped through could run no inline handler and load nothing remote.
 The page and its files need no API key (they hold nothing secret; the page asks for the key the API
 routes need), so they are open paths of the key check.
@@ -13,11 +13,10 @@ routes need), so they are open paths of the key check.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import Response
 
 PAGE_FILES: dict[str, str] = {
@@ -54,11 +53,16 @@ def _read_files() -> dict[str, _File]:
 
 
 def install_webui(app: FastAPI) -> None:
-    """Add `GET /` (the chat page) and `GET /webui/<file>` (its script and style) to `app`, kept out
-    of the OpenAPI document (they are not API)."""
-    files = _read_files()
+    """Add `GET /` (the chat page) and `GET /webui/<file>` (its script, style and icon) to `app`, kept
+    out of the OpenAPI document (they are not API). The files are read on the first request for one,
+    so building the app (the server's start-up) pays for two routes and nothing else."""
+    files: dict[str, _File] = {}
 
     def answer(request: Request, name: str) -> Response:
+        if name not in PAGE_FILES:
+            raise HTTPException(status_code=404)  # the same answer as any path the app does not have
+        if not files:
+            files.update(_read_files())
         file = files[name]
         headers = {
             "ETag": file.etag,
@@ -77,15 +81,10 @@ def install_webui(app: FastAPI) -> None:
         """The chat page."""
         return answer(request, "index.html")
 
-    def route(name: str) -> Callable[[Request], Awaitable[Response]]:
-        async def asset(request: Request) -> Response:
-            return answer(request, name)
-
-        return asset
-
-    for name in PAGE_FILES:
-        if name != "index.html":
-            app.add_api_route(ASSET_PREFIX + name, route(name), methods=["GET"], include_in_schema=False)
+    @app.get(ASSET_PREFIX + "{name}", include_in_schema=False)
+    async def chat_page_file(request: Request, name: str) -> Response:
+        """The page's script, style and icon (index.html only at `/`)."""
+        return answer(request, name if name != "index.html" else "")
 
 
 __all__ = ["PATHS", "install_webui"]

@@ -309,6 +309,14 @@
           button("Copy", () => navigator.clipboard?.writeText(message.content), "Copy the reply"),
         );
       }
+      if (message.role === "error" && index === conversation.messages.length - 1) {
+        meta.append(
+          button("Retry", () => {
+            conversation.messages.splice(index);
+            generate(conversation);
+          }),
+        );
+      }
     }
     node.append(meta);
     return node;
