@@ -184,6 +184,12 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
+def fingerprint_leaves(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """Every leaf of a fingerprint by the dotted key `fingerprint_diff` names it with
+    (`cpu.model`, `blas[0].threads`)."""
+    return _flatten(fingerprint)
+
+
 def fingerprint_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(dotted key, stored value, current value) for every leaf that differs, sorted by key.
 
@@ -199,6 +205,7 @@ __all__ = [
     "cpu_info",
     "environment_fingerprint",
     "fingerprint_diff",
+    "fingerprint_leaves",
     "git_commit",
     "profile_hash",
 ]

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from infer.cli.help import LazyCommand, LazyGroup
+from infer.cli.help import LazyCommand, LazyGroup, load_command
 
 
 def _examples(*lines: str) -> str:
@@ -54,7 +54,13 @@ COMMANDS: dict[str, LazyCommand] = {
         "infer.cli.bench.command",
         "bench",
         "Measure prefill and decode throughput (llama-bench style).",
-        _examples("infer bench -p 512 -n 128 -r 3", "infer bench --concurrency 1,4,16 --json"),
+        _examples(
+            "infer bench -p 512 -n 128 -r 3",
+            "infer bench --concurrency 1,4,16 --json > run.json",
+            "infer bench --concurrency 1,4,16 --plot sweep.png",
+            "infer bench compare old.json new.json --fail-below 0.95",
+            "infer bench compare a.json b.json c.json --plot runs.svg",
+        ),
     ),
     "gate": LazyCommand(
         "infer.cli.gate.command",
@@ -73,6 +79,22 @@ COMMANDS: dict[str, LazyCommand] = {
         "List the hardware profiles and show resolved settings.",
     ),
 }
+
+
+SUBCOMMANDS: dict[tuple[str, str], LazyCommand] = {
+    ("bench", "compare"): LazyCommand(
+        "infer.cli.bench.compare",
+        "compare",
+        "Compare bench runs: every common figure with ratios, and their fingerprints' differences.",
+        _examples(
+            "infer bench compare old.json new.json",
+            "infer bench compare old.json new.json --fail-below 0.95",
+            "infer bench compare a.json b.json --plot runs.png",
+        ),
+    ),
+}
+"""Commands under a command that runs by itself (`infer bench` measures; `infer bench compare` reads
+what it wrote), reached as `infer NAME SUB ...`."""
 
 
 COMMAND_HABITS = {
@@ -97,6 +119,10 @@ class InferGroup(LazyGroup):
         """The subcommand named by `args[0]`; an unknown name is a usage error that says which command
         was probably meant: a habit from ollama or llama.cpp (`run`, `pull`, `list`, ...) or the
         closest spelling (`genrate`)."""
+        nested = SUBCOMMANDS.get((args[0], args[1])) if len(args) >= 2 else None
+        if nested is not None:
+            name = f"{args[0]} {args[1]}"
+            return name, load_command(name, nested), args[2:]
         name = args[0] if args else None
         if name is not None and not name.startswith("-") and self.get_command(ctx, name) is None:
             guess = COMMAND_HABITS.get(name)

@@ -295,5 +295,5 @@ def test_bench_gate_and_serve_take_their_options_as_dataclasses() -> None:
 
     for options_type in (BenchOptions, GateOptions, ServeOptions, AppOptions):
         assert dataclasses.is_dataclass(options_type)
-    assert len(dataclasses.fields(BenchOptions)) == 22  # bench's 23 parameters were these and `flags`
+    assert len(dataclasses.fields(BenchOptions)) == 23  # bench's 24 parameters: these and `flags`
     assert BenchOptions().repetitions == 3 and GateOptions().tie_margin == 1e-3

@@ -362,6 +362,13 @@ def _check_options(options: BenchOptions) -> None:
         fail(f"--tolerance must be in [0, 1), got {options.tolerance}")
     if options.api not in ("chat", "completions"):
         fail(f"--api must be chat or completions, got {options.api!r}")
+    if options.plot is not None:  # before measuring: a missing matplotlib must not cost a whole run
+        from infer.cli.bench.plot import PlotError, check_plot_target
+
+        try:
+            check_plot_target(options.plot)
+        except PlotError as exc:
+            fail(str(exc))
 
 
 def _plan(options: BenchOptions, n_predict: Any) -> _Plan:
@@ -432,6 +439,14 @@ def bench(options: BenchOptions, *, flags: dict[str, Any]) -> None:
     records = [r.to_json() for r in results]
     errors = sum(r["errors"] for r in records)
     _emit(records, header, plan.fmt, console)
+    if options.plot is not None:
+        from infer.cli.bench.plot import PlotError, plot_runs
+
+        try:
+            plot_runs([(str(header.get("model")), {**header, "results": records})], options.plot)
+        except PlotError as exc:
+            fail(str(exc))
+        console.print(f"plot written to {escape(str(options.plot))}")
     if errors:
         console.print(f"[red]{errors} request(s) failed during the run[/]")
         for result in results:

@@ -38,6 +38,14 @@ class BenchOptions:
     baseline: Optional[Path] = option(
         None, "--baseline", help="A previous --json output: exit 1 when a figure regresses."
     )
+    plot: Optional[Path] = option(
+        None,
+        "--plot",
+        metavar="FILE.png|svg",
+        help="Draw the run (tok/s and TTFT/ITL percentiles against concurrency, tok/s against prompt "
+        "length) into this picture; needs matplotlib (pip install 'infer[plot]'). Several runs: "
+        "infer bench compare A.json B.json --plot FILE.",
+    )
     tolerance: float = option(0.1, "--tolerance", help="Allowed regression vs --baseline (0.1 = 10%).")
     server: Optional[str] = option(
         None, "--server", help="Benchmark an OpenAI-compatible server at this base URL instead."

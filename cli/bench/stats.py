@@ -259,16 +259,18 @@ def compare_to_baseline(
     return out, missing
 
 
-def load_baseline(path: Path) -> dict[str, Any]:
-    """A previous `infer bench --json` output (raises ValueError with a one-line reason)."""
+def load_baseline(path: Path, what: str = "--baseline") -> dict[str, Any]:
+    """A previous `infer bench --json` output (raises ValueError with a one-line reason that names it
+    as `what PATH`)."""
+    name = f"{what} {path}" if what else str(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ValueError(f"--baseline {path}: cannot read it ({exc.strerror or exc})") from None
+        raise ValueError(f"{name}: cannot read it ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--baseline {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        raise ValueError(f"{name}: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
-        raise ValueError(f"--baseline {path}: not an `infer bench --json` output (no `results` list)")
+        raise ValueError(f"{name}: not an `infer bench --json` output (no `results` list)")
     return data
 
 

@@ -25,6 +25,8 @@ from infer.cli.serve.errors import APIError, error_body, install_error_handlers
 from infer.cli.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, send_json
 from infer.cli.serve.metrics import CountStatuses, ServerMetrics
 from infer.cli.serve.openapi import install_openapi
+from infer.cli.serve.webui import PATHS as WEBUI_PATHS
+from infer.cli.serve.webui import install_webui
 from infer.engine import Engine
 from infer.profiles.settings import Settings
 
@@ -39,16 +41,17 @@ class _Gate:
     a streaming response and the client and hide disconnects from it.
     """
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None) -> None:
+    def __init__(self, app: ASGIApp, *, api_key: str | None, open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
         self.api_key = api_key
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.api_key is not None and scope.get("path") not in OPEN_PATHS:
+        if self.api_key is not None and scope.get("path") not in self.open_paths:
             given = headers.get("authorization", "")
             token = given[7:].strip() if given[:7].lower() == "bearer " else ""
             if not hmac.compare_digest(token.encode(), self.api_key.encode()):
@@ -81,6 +84,8 @@ class AppOptions:
     """The access log's lines: `text` or `json` (cli/serve/access_log.py)."""
     quiet: bool = False
     """No access-log line per request."""
+    webui: bool = True
+    """Serve the chat page at `/` (cli/serve/webui.py); off (`--no-webui`): `/` is 404 as before."""
 
 
 def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastAPI:
@@ -194,9 +199,15 @@ def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastA
             code="not_implemented",
         )
 
+    open_paths = OPEN_PATHS
+    if options.webui:
+        install_webui(app)
+        open_paths = OPEN_PATHS | WEBUI_PATHS  # the page itself asks for the key the API needs
+
     install_openapi(app)
     app.add_middleware(BodyLimit, max_body_bytes=options.max_body_bytes)
-    app.add_middleware(_Gate, api_key=options.api_key)  # outside the body limit: no key, no body read
+    # outside the body limit: no key, no body read
+    app.add_middleware(_Gate, api_key=options.api_key, open_paths=open_paths)
     app.add_middleware(CountStatuses, metrics=metrics)  # counts the gate's answers too
     app.state.access_stats = AccessStats()
     app.add_middleware(  # outermost: logs every answer, timed from the first byte in

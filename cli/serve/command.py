@@ -130,6 +130,7 @@ def serve(settings: Settings, options: ServeOptions) -> None:
             tool_call_parser=options.tool_call_parser,
             log_format=options.log_format,  # type: ignore[arg-type]  # checked above
             quiet=options.quiet,
+            webui=options.webui,
         ),
     )
     bridge = app.state.ctx.bridge

@@ -60,6 +60,12 @@ class ServeOptions:
     quiet: bool = option(
         False, "--quiet", help="No access-log line per request (start-up and shutdown lines stay)."
     )
+    webui: bool = option(
+        True,
+        "--webui/--no-webui",
+        help="Serve the chat page at / (static files in the package; no API key needed for the page "
+        "itself). --no-webui: / is 404; the API, /health and /metrics are the same either way.",
+    )
     log_level: str = option(
         "warning",
         "--log-level",
