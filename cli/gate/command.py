@@ -43,7 +43,13 @@ from infer.cli.gate.anchors import (
 )
 from infer.cli.gate.check import AnchorResult, AnchorRun, judge, relative_gap, run_anchor, write_junit
 from infer.cli.gate.options import GateOptions
-from infer.cli.gate.remote import IDS_TEXT_ONLY, RemoteRun, judge_remote, run_remote_anchor
+from infer.cli.gate.remote import (
+    IDS_TEXT_ONLY,
+    RemoteRun,
+    judge_remote,
+    reproducibility_problem,
+    run_remote_anchor,
+)
 from infer.cli.options import fail, resolve_or_fail, shared_flags, takes_options
 from infer.cli.runtime import STDERR, counting_progress, open_engine, resolve_model_path
 from infer.cli.server_client import (
@@ -519,14 +525,21 @@ def _gate_server(
         except RemoteError as exc:
             fail(f"could not check: {exc}")
         progress = counting_progress()
+        runs_each = 2 if options.bless else 1  # bless only what the server reproduces
+        unstable: dict[int, str] = {}
         with progress:
-            task = progress.add_task("anchors", total=len(selected))
+            task = progress.add_task("anchors", total=len(selected) * runs_each)
             for anchor in selected:
                 progress.update(task, description=f"anchor {anchor.name} on {base}")
-                remote_runs[anchor.index] = run_remote_anchor(
-                    client, base, anchor, identity.model, tokenizer, _remote_prompt_ids(tokenizer, anchor)
-                )
-                progress.advance(task)
+                ids = _remote_prompt_ids(tokenizer, anchor)
+                runs = []
+                for _ in range(runs_each):
+                    runs.append(run_remote_anchor(client, base, anchor, identity.model, tokenizer, ids))
+                    progress.advance(task)
+                remote_runs[anchor.index] = runs[0]
+                problem = reproducibility_problem(runs[0], runs[-1]) if len(runs) > 1 else None
+                if problem is not None:
+                    unstable[anchor.index] = problem
     found = next((r.system_fingerprint for r in remote_runs.values() if r.system_fingerprint), None)
     identity = replace(identity, system_fingerprint=found)
     decode: Callable[[list[int]], str] = (
@@ -543,15 +556,16 @@ def _gate_server(
         good = {
             index: remote.blessing()
             for index, remote in remote_runs.items()
-            if remote.run.error is None and remote.run.finish_reason != "error"
+            if remote.run.error is None and remote.run.finish_reason != "error" and index not in unstable
         }
-        failed = [
-            result
-            for anchor, result in zip(selected, results, strict=True)
-            if remote_runs[anchor.index].run.error is not None
-        ]
-        for result in failed:
-            result.problems = [p.removeprefix("could not check: ") for p in result.problems[:1]]
+        failed = []
+        for anchor, result in zip(selected, results, strict=True):
+            if remote_runs[anchor.index].run.error is not None:
+                result.problems = [p.removeprefix("could not check: ") for p in result.problems[:1]]
+                failed.append(result)
+            elif anchor.index in unstable:
+                result.status, result.problems = "error", [unstable[anchor.index]]
+                failed.append(result)
         _bless(
             loaded,
             good,
