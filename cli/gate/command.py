@@ -316,6 +316,12 @@ def gate(
         _gate_server(loaded, selected, target, options)
         return
     settings_by_anchor = {anchor.index: anchor_settings(loaded, anchor, flags) for anchor in selected}
+    for anchor in selected:
+        if is_remote(settings_by_anchor[anchor.index]):
+            fail(
+                f"{loaded.path}: anchors[{anchor.index}] ({anchor.name}): its profile names a server; "
+                "the file's profile applies to local runs: give --server URL or --profile on the command line"
+            )
 
     console = STDERR if options.json_output else Console()
     engines: dict[tuple[Any, ...], Engine] = {}

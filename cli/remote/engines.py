@@ -5,8 +5,9 @@ The engine is told apart by what it answers: `/v1/models`' `owned_by` (`infer`, 
 `sglang`), the `server` header, llama-server's `/props`, vLLM's `/version`. What it cannot honour is
 refused before anything is sent, as a local engine refuses a bad setting: a sampler stage that is on
 (its value is not the stage's "off" value) and has no field on that engine is an error naming the
-setting and the engine. The one exception is a built-in default nobody chose (infer's `top_k: 40` on
-a plain OpenAI server): it is left to the server and listed by `infer profiles show`.
+setting and the engine. The one exception is a stage left at infer's built-in default (`top_k: 40`,
+`min_p: 0.05` on a plain OpenAI server, which has neither field): it is left to the server and listed
+by `infer profiles show`.
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ def map_sampler(kind: RemoteKind, params: SamplingParams, settings: Settings) ->
                 fields[kind.sampler_names[name]] = _OFF[name]  # the server's own default may be on
             continue
         if name not in kind.sampler_names:
-            if settings.source(name).kind == "default":
+            if value == SETTINGS[name].default:  # infer's built-in default (also cpu.yaml's), not a choice
                 left.append(f"{name} {value}")
                 continue
             _refuse(settings, name, value, kind, "it has no such field")

@@ -26,7 +26,7 @@ from infer.cli.runtime import open_engine
 from infer.cli.serve.app import AppOptions, create_app
 from infer.cli.serve.limits import HttpLimits
 from infer.cli.serve.options import ServeOptions
-from infer.profiles.settings import Settings
+from infer.profiles.settings import Settings, is_remote
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -106,6 +106,11 @@ def serve(settings: Settings, options: ServeOptions) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat, completions, responses, models)."""
     if options.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         fail(f"--log-level must be one of critical, error, warning, info, debug (got {options.log_level!r})")
+    if is_remote(settings):  # a proxy in front of another server is not what serve is for
+        fail(
+            f"{settings.source('backend')}: infer serve runs a local engine, not backend remote "
+            f"({settings.server_url}); point clients at that server, or choose a local backend"
+        )
     sock = _listen(options.host, options.port)
     engine = open_engine(settings)
     model_id = model_id_of(settings)
