@@ -111,6 +111,23 @@ def test_generate_streams_from_a_server_named_by_a_profile(fake: FakeServer, tmp
     assert raw.exit_code == 0 and raw.stdout.strip() == "abcd" and fake.bodies[-1]["prompt"] == "Hi"
 
 
+def test_output_constraints_go_as_each_engine_takes_them(fake: FakeServer) -> None:
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    fake.owner = "vllm"
+    assert _invoke("generate", "--server", fake.url, "Hi", "--json-schema", schema).exit_code == 0
+    sent = fake.bodies[-1]["response_format"]
+    assert sent["type"] == "json_schema" and sent["json_schema"]["schema"]["properties"]["a"]
+    assert _invoke("generate", "--server", fake.url, "Hi", "--regex", "[0-9]+").exit_code == 0
+    assert fake.bodies[-1]["structured_outputs"] == {"regex": "[0-9]+"}
+    fake.owner = "llamacpp"
+    assert _invoke("generate", "--server", fake.url, "Hi", "--json-schema", schema).exit_code == 0
+    assert fake.bodies[-1]["json_schema"]["type"] == "object"
+    sent_before = len(fake.bodies)
+    refused = _invoke("generate", "--server", fake.url, "Hi", "--regex", "[0-9]+")
+    assert refused.exit_code == 2 and "llama.cpp llama-server (it takes no such constraint)" in refused.stderr
+    assert len(fake.bodies) == sent_before
+
+
 def test_unhonourable_settings_are_refused_before_anything_is_sent(fake: FakeServer) -> None:
     fake.owner = "vllm"
     for flags, words in (
@@ -150,6 +167,26 @@ def test_server_errors_and_a_cut_stream(fake: FakeServer) -> None:
     assert (
         down.exit_code == 2 and "could not use the server" in down.stderr and "cannot connect" in down.stderr
     )
+
+
+def test_cancelling_closes_the_stream_and_keeps_the_text(fake: FakeServer) -> None:
+    from infer.cli.remote.client import open_remote
+    from infer.engine import DoneEvent, TokenEvent
+
+    settings = resolve_settings({"server_url": fake.url}, env={})
+    engine = open_remote(settings)
+    try:
+        request = engine.request(settings, prompt="Hi")
+        stream = engine.submit(request)
+        first = next(iter(stream))
+        assert isinstance(first, TokenEvent) and first.text == "a"
+        stream.cancel()  # what Ctrl-C in run_request does
+        events = list(stream)
+    finally:
+        engine.shutdown()
+    assert len(events) == 1 and isinstance(events[0], DoneEvent)
+    assert events[0].finish_reason == "cancelled" and events[0].text == "a"
+    assert events[0].seed == request.seed
 
 
 def test_profiles_show_names_the_engine(fake: FakeServer, tmp_path: Path) -> None:
