@@ -140,6 +140,9 @@ def test_unhonourable_settings_are_refused_before_anything_is_sent(fake: FakeSer
         result = _invoke("generate", "--server", fake.url, "Hi", *flags)
         assert result.exit_code == 2, (flags, result.output)
         assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for flags in (["--temp", "0.5"], ["-c", "512"]):  # a server bench would not send them
+        bench = _invoke("bench", "--server", fake.url, "-p", "4", "-n", "2", "-r", "1", *flags)
+        assert bench.exit_code == 2 and flags[0] in bench.stderr, bench.output
     assert fake.bodies == []
     fake.owner = None  # a plain OpenAI server has no top_k field
     refused = _invoke("generate", "--server", fake.url, "Hi", "--top-k", "5")

@@ -43,13 +43,14 @@ from infer.cli.bench.stats import (
     to_csv,
 )
 from infer.cli.fingerprint import environment_fingerprint
-from infer.cli.options import fail, resolve_or_fail, shared_flags, takes_options
+from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags, takes_options
 from infer.cli.runtime import STDERR, counting_progress, open_engine
 from infer.cli.server_client import api_key_from
 from infer.engine import DoneEvent, Engine, Event, Request, RequestError, TokenEvent
 from infer.profiles.backend_choice import choose_backend
+from infer.profiles.remote import refuse_local_settings
 from infer.profiles.requests import build_request
-from infer.profiles.settings import Settings, is_remote
+from infer.profiles.settings import SETTINGS, Settings, is_remote
 
 PROMPT_SEED = 1234
 """Benchmark prompts are random token ids from this seed: the same prompts on every run."""
@@ -410,6 +411,8 @@ def bench(options: BenchOptions, *, flags: dict[str, Any]) -> None:
     n_predict = flags.pop("n_predict", None)
     settings = resolve_or_fail(flags)
     server = _ServerTarget.of(settings, options) if is_remote(settings) else None
+    if server is not None:
+        _refuse_unsent(settings)
     plan = _plan(options, n_predict, server.url if server else None)
     baseline_data = None
     if options.baseline is not None:
@@ -445,6 +448,20 @@ def bench(options: BenchOptions, *, flags: dict[str, Any]) -> None:
     if errors and server is not None and not regressed:
         raise SystemExit(2)  # remote failures: could not measure, not a regression
     raise SystemExit(1 if regressed or errors else 0)
+
+
+def _refuse_unsent(settings: Settings) -> None:
+    """A server bench sends greedy fixed-length requests: a sampler flag or variable, or a local-engine
+    setting, would be accepted and ignored, so each is refused (one line, exit 2)."""
+    given = [
+        str(settings.source(spec.name))
+        for spec in SETTINGS.values()
+        if spec.section == "sampler" and settings.source(spec.name).kind in ("flag", "env")
+    ]
+    if given:
+        fail(f"{', '.join(given)}: a server bench sends greedy fixed-length requests; remove them")
+    with settings_errors():
+        refuse_local_settings(settings)
 
 
 @dataclass(frozen=True)
