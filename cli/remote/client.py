@@ -246,7 +246,7 @@ class RemoteEngine:
             )
         if ignore_eos and not self.kind.ignore_eos:
             raise SettingsError(f"--ignore-eos cannot be honoured by {self.kind.label} (no such field)")
-        grammar_from_settings(settings)  # at most one constraint, and a valid one, before sending
+        constraint = grammar_from_settings(settings)  # at most one, and a valid one, before sending
         local = Request((0,), settings.sampling, stop=tuple(stop or ()))  # the local checks of stop
         sampler = map_sampler(self.kind, settings.sampling, settings)
         use_chat = messages is not None or chat is not False
@@ -255,7 +255,7 @@ class RemoteEngine:
             "stream": True,
             "stream_options": {"include_usage": True},
             **sampler.fields,
-            **constraint_fields(self.kind, settings, use_chat),
+            **constraint_fields(self.kind, settings, constraint),
         }
         if "seed" in self.kind.sampler_names and settings.temperature > 0:
             body[self.kind.sampler_names["seed"]] = local.seed

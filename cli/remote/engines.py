@@ -12,13 +12,14 @@ by `infer profiles show`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from infer.engine import SamplingParams
+from infer.engine import GrammarSpec, SamplingParams
 from infer.profiles.settings import SETTINGS, Settings, SettingsError
 
 INFER = "infer"
@@ -291,46 +292,49 @@ def _refuse(settings: Settings, name: str, value: Any, kind: RemoteKind, why: st
     )
 
 
-def constraint_fields(kind: RemoteKind, settings: Settings, chat: bool) -> dict[str, Any]:
-    """The output constraint the settings ask for (`--json-schema`, `--json-object`, `--regex`,
-    `--grammar`, `--choice`) as `kind`'s body fields; `SettingsError` when it takes none such."""
-    import json
+def _grammar_text(value: str) -> str:
+    """The grammar as the user wrote it (a file's text, or the grammar given inline), for the engines
+    that take GBNF/EBNF rather than the Lark form the local check produced."""
     from pathlib import Path
 
-    given = [
-        name
-        for name in ("json_schema", "json_object", "regex", "grammar", "choice")
-        if (getattr(settings, name) not in (None, False, ()))
-    ]
-    if not given:
+    path = Path(value).expanduser()
+    inline = "\n" in value or len(value) > 255 or not path.is_file()
+    return value if inline else path.read_text(encoding="utf-8")
+
+
+def constraint_fields(kind: RemoteKind, settings: Settings, spec: GrammarSpec | None) -> dict[str, Any]:
+    """The settings' output constraint (`spec`, checked locally by `grammar_from_settings`: one at
+    most, valid) as `kind`'s body fields; `SettingsError` when the engine takes no such constraint."""
+    if spec is None:
         return {}
-    name = given[0]  # the settings allow one (profiles.constraints checks it when the request is built)
+    name = str(spec.parameter)
     if name not in kind.constraints:
-        _refuse(settings, name, getattr(settings, name), kind, "it takes no such constraint")
-    value = getattr(settings, name)
-    if name == "json_schema":
-        text = Path(value).read_text() if Path(value).is_file() else value
-        schema = json.loads(text)
+        _refuse(settings, name, settings.value(name), kind, "it takes no such constraint")
+    if spec.kind == "json_schema":
+        schema = json.loads(spec.source)
         if kind.name in (INFER, LLAMA_SERVER):
             return {"json_schema": schema}
         return {
             "response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
         }
-    if name == "json_object":
+    if spec.kind == "json_object":
         return {"response_format": {"type": "json_object"}}
-    if name == "grammar":
-        grammar = Path(value).read_text()
+    if spec.kind == "lark":
+        if kind.name == INFER:
+            return {"grammar": spec.source}
+        text = _grammar_text(settings.grammar)
+        if kind.name == LLAMA_SERVER and "::=" not in text:
+            _refuse(settings, name, settings.grammar, kind, "it takes GBNF grammars, not Lark")
         if kind.name == SGLANG:
-            return {"ebnf": grammar}
+            return {"ebnf": text}
         if kind.name == VLLM:
-            return {"structured_outputs": {"grammar": grammar}, "guided_grammar": grammar}
-        return {"grammar": grammar}
-    if name == "regex":
-        if kind.name == SGLANG:
-            return {"regex": value}
-        return {"structured_outputs": {"regex": value}, "guided_regex": value}
-    choices = list(value)
-    return {"structured_outputs": {"choice": choices}, "guided_choice": choices}
+            return {"structured_outputs": {"grammar": text}}
+        return {"grammar": text}
+    if spec.kind == "regex":
+        return (
+            {"regex": spec.source} if kind.name == SGLANG else {"structured_outputs": {"regex": spec.source}}
+        )
+    return {"structured_outputs": {"choice": list(spec.choices)}}
 
 
 __all__ = [
