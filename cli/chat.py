@@ -11,10 +11,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from infer.cli.generation import ChatOptions, prompt_request, stats_line
+from infer.cli.generation import ChatOptions, is_remote_engine, prompt_request, stats_line
 from infer.cli.model_store import infer_home
 from infer.cli.options import fail, takes_options, with_settings
 from infer.cli.runtime import open_engine
+from infer.cli.server_client import RemoteError
 from infer.cli.terminal import Interrupted, StatusLine, run_request, write_stdout
 from infer.engine import Engine
 from infer.profiles.settings import Settings
@@ -95,6 +96,11 @@ def chat_loop(engine: Engine, settings: Settings, *, system: str | None, stop: l
                 done = run_request(engine, request, write_stdout, status)
             except Interrupted as stopped:
                 done = stopped.done
+            except RemoteError as exc:  # the server refused this turn: say why, keep chatting
+                status.clear()
+                print(f"infer: error: {exc}", file=sys.stderr, flush=True)
+                history.pop()
+                continue
         sys.stdout.write("\n")
         sys.stdout.flush()
         print(stats_line(done), file=sys.stderr, flush=True)
@@ -120,7 +126,7 @@ def chat_session(
             status=status,
             verbose=verbose,
         )
-    if engine.tokenizer.chat_template is None:
+    if not is_remote_engine(engine) and engine.tokenizer.chat_template is None:
         fail("this model has no chat template: use `infer generate --raw` or `infer stream --raw`")
     engine.start()
     try:

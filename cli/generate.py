@@ -26,6 +26,7 @@ from infer.cli.generation import (
 )
 from infer.cli.options import fail, takes_options, with_settings
 from infer.cli.runtime import open_engine
+from infer.cli.server_client import RemoteError
 from infer.cli.terminal import EXIT_INTERRUPTED, Interrupted, StatusLine, run_request, write_stdout
 from infer.engine import DoneEvent
 from infer.profiles.settings import Settings
@@ -178,6 +179,9 @@ def generate(
             done = run_request(engine, request, write_stdout if streaming else None, status)
         except Interrupted as stopped:
             done, interrupted = stopped.done, True
+        except RemoteError as exc:  # the server refused the request: its message, exit 2
+            status.clear()
+            fail(str(exc))
         finally:
             engine.shutdown()
     _report(

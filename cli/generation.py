@@ -14,7 +14,7 @@ import typer
 from infer.cli.options import fail, option
 from infer.engine import ChatTemplateError, DoneEvent, Engine, Request, prompt_ids, spec_summary
 from infer.profiles.requests import build_request
-from infer.profiles.settings import Settings
+from infer.profiles.settings import Settings, SettingsError
 
 PANEL_IO = "Input & output"
 
@@ -122,7 +122,21 @@ def prompt_request(
     ignore_eos: bool = False,
 ) -> Request:
     """The Request for CLI input (a prompt or chat messages) under resolved settings, made by
-    `build_request` as on every surface; bad input exits 2 with one line."""
+    `build_request` as on every surface (a `RemoteRequest` for a server, made by the remote engine);
+    bad input exits 2 with one line."""
+    if is_remote_engine(engine):
+        try:
+            return engine.request(  # type: ignore[attr-defined,no-any-return]
+                settings,
+                prompt=prompt,
+                messages=messages,
+                chat=chat,
+                parse_special=parse_special,
+                stop=stop,
+                ignore_eos=ignore_eos,
+            )
+        except (ValueError, SettingsError, OSError) as exc:
+            fail(str(exc))
     use_chat = chat if chat is not None else engine.tokenizer.chat_template is not None
     try:
         ids = prompt_ids(
@@ -133,6 +147,13 @@ def prompt_request(
     except (ChatTemplateError, ValueError) as exc:  # RequestError is a ValueError
         fail(str(exc))
     return request
+
+
+def is_remote_engine(engine: Any) -> bool:
+    """Whether `engine` is a server standing in for the local engine (`backend: remote`)."""
+    from infer.cli.remote.client import RemoteEngine
+
+    return isinstance(engine, RemoteEngine)
 
 
 def stats_line(done: DoneEvent) -> str:
@@ -161,7 +182,11 @@ def json_number(value: float) -> float | None:
 
 
 def result_json(engine: Engine, request: Request, done: DoneEvent) -> str:
-    """The `--json` object of `infer generate`."""
+    """The `--json` object of `infer generate` (with the server's usage and timings for a server)."""
+    if is_remote_engine(engine):
+        from infer.cli.remote.client import server_json
+
+        return server_json(engine, request, done)  # type: ignore[arg-type]
     timings = done.timings
     completion = done.usage.completion_tokens
     return json.dumps(

@@ -16,7 +16,7 @@ from infer.engine import BackendOptions, dtype_note, threads_note
 from infer.profiles.backend_choice import choose_backend, fallback_notice
 from infer.profiles.loader import ProfileError, display_path, load_profile, shipped_profiles
 from infer.profiles.schema import ProfileFile
-from infer.profiles.settings import Settings
+from infer.profiles.settings import Settings, is_remote
 
 profiles_app = typer.Typer(
     help="List the hardware profiles and show resolved settings with where each value came from.",
@@ -81,6 +81,9 @@ def show_profile(
             fail(f"profile given twice: argument {name!r} and --profile {flags['profile']!r}; give one")
         flags = {**flags, "profile": name}
     settings = resolve_or_fail(flags)
+    if is_remote(settings):
+        _show_remote(settings, as_json)
+        return
     with settings_errors():
         choice = choose_backend(settings)
     sampled_where = sampling_place(choice.selected, settings)
@@ -110,6 +113,56 @@ def show_profile(
     )
     if threads is not None:
         Console().print(Text(threads))
+
+
+def remote_summary(settings: Settings) -> dict[str, Any]:
+    """Who answers at a remote profile's server (engine, model) and what its requests would carry:
+    the sampler fields sent, the built-in defaults left to the server; or why it cannot be used."""
+    from infer.cli.remote.client import open_remote
+    from infer.cli.remote.engines import map_sampler
+    from infer.cli.server_client import RemoteError
+    from infer.profiles.settings import SettingsError
+
+    summary: dict[str, Any] = {"url": settings.server_url, "api_key_env": settings.api_key_env}
+    try:
+        engine = open_remote(settings)
+    except (RemoteError, SettingsError) as exc:
+        summary["error"] = str(exc)
+        return summary
+    try:
+        mapping = map_sampler(engine.kind, settings.sampling, settings)
+    finally:
+        engine.shutdown()
+    summary.update(
+        engine=engine.kind.name,
+        engine_label=engine.kind.label,
+        model=engine.identity.model,
+        models=engine.identity.models,
+        sampler_fields=mapping.fields,
+        left_to_server=mapping.left_to_server,
+    )
+    return summary
+
+
+def _show_remote(settings: Settings, as_json: bool) -> None:
+    summary = remote_summary(settings)
+    if as_json:
+        document = settings.to_json()
+        document["remote"] = summary
+        typer.echo(json.dumps(document, indent=2))
+        return
+    Console().print(_settings_table(settings))
+    if "error" in summary:
+        Console().print(Text(f"backend: remote at {summary['url']}: cannot be used now ({summary['error']})"))
+        return
+    Console().print(
+        Text(f"backend: remote, {summary['engine_label']} at {summary['url']}, model {summary['model']}")
+    )
+    Console().print(Text(f"sampler sent as: {json.dumps(summary['sampler_fields'])}"))
+    if summary["left_to_server"]:
+        Console().print(
+            Text(f"left to the server (no such field there): {', '.join(summary['left_to_server'])}")
+        )
 
 
 def sampling_place(backend: str, settings: Settings) -> str:

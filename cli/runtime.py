@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -50,7 +51,7 @@ from infer.engine import (
 from infer.profiles.backend_choice import choose_backend, fallback_notice
 from infer.profiles.constraints import grammar_from_settings
 from infer.profiles.schema import memory_bytes
-from infer.profiles.settings import Settings, SettingsError, refuse_unimplemented
+from infer.profiles.settings import Settings, SettingsError, is_remote, refuse_unimplemented
 
 STDERR = Console(stderr=True)
 """Every notice, progress bar and log goes to stderr so stdout stays machine-readable."""
@@ -162,8 +163,11 @@ def open_engine(
 
     While the model loads a transient "loading NAME…" line shows on a terminal's stderr: on `status`
     when given (the caller clears it), else on one cleared here. `verbose` prints the load time.
-    Any problem is one line on stderr and exit code 2.
+    Any problem is one line on stderr and exit code 2. With `backend: remote` the server stands in
+    for the engine (`open_remote_engine`).
     """
+    if is_remote(settings):
+        return open_remote_engine(settings, status=status, verbose=verbose)  # type: ignore[return-value]
     try:
         refuse_unimplemented(settings)
         grammar_from_settings(settings)  # a bad schema, regex or grammar fails before the model loads
@@ -215,6 +219,32 @@ def open_engine(
             "they run as float32 copies through BLAS (more memory, slower)",
             file=sys.stderr,
             flush=True,
+        )
+    return engine
+
+
+def open_remote_engine(settings: Settings, *, status: StatusLine | None = None, verbose: bool = False) -> Any:
+    """Connect to the server of `backend: remote` (a transient "connecting…" line on a terminal):
+    the served model, the engine told apart, the sampler settings checked against it. Any problem
+    is one line on stderr and exit code 2."""
+    from infer.cli.remote.client import open_remote
+    from infer.cli.server_client import RemoteError
+
+    with StatusLine() as own_status:
+        shown = status if status is not None else own_status
+        shown.show(f"connecting to {settings.server_url}…")
+        try:
+            refuse_unimplemented(settings)
+            engine = open_remote(settings)
+        except (RemoteError, SettingsError) as exc:
+            shown.clear()
+            fail(f"could not use the server: {exc}" if isinstance(exc, RemoteError) else str(exc))
+        shown.clear()
+    if verbose:
+        print(
+            f"infer: {engine.kind.label} at {engine.identity.url}, model {engine.identity.model} "
+            f"({engine.load_seconds:.2f} s)",
+            file=sys.stderr,
         )
     return engine
 

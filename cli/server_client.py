@@ -36,9 +36,10 @@ def base_url(url: str) -> str:
     return base if base.endswith("/v1") else base + "/v1"
 
 
-def api_key_from(flag: str | None) -> str | None:
-    """`--api-key`, else `INFER_API_KEY`, else None."""
-    return flag or os.environ.get(API_KEY_ENV) or None
+def api_key_from(flag: str | None, env_name: str = API_KEY_ENV) -> str | None:
+    """`--api-key`, else the variable `env_name` (a profile's `api_key_env`, `INFER_API_KEY` by
+    default), else None."""
+    return flag or os.environ.get(env_name) or None
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -24,6 +24,7 @@ from infer.cli.generation import (
 )
 from infer.cli.options import fail, takes_options, with_settings
 from infer.cli.runtime import open_engine
+from infer.cli.server_client import RemoteError
 from infer.cli.terminal import EXIT_INTERRUPTED, Interrupted, StatusLine, run_request, write_stdout
 from infer.profiles.settings import Settings
 
@@ -77,6 +78,9 @@ def stream(
                 sys.stdout.write("\n")
                 print(stats_line(interrupted.done), file=sys.stderr)
                 raise typer.Exit(EXIT_INTERRUPTED) from None
+            except RemoteError as exc:  # the server refused the request: its message, exit 2
+                status.clear()
+                fail(str(exc))
         finally:
             engine.shutdown()
     sys.stdout.write("\n")

@@ -105,7 +105,8 @@ def run_request(
     """
     handle = engine.submit(request)
     if status is not None:
-        status.show(f"reading the prompt ({len(request.prompt_ids)} tokens)…")
+        known = len(request.prompt_ids)  # none for a server's request: it tokenizes the prompt itself
+        status.show(f"reading the prompt ({known} tokens)…" if known else "waiting for the first token…")
     try:
         for event in handle:
             if isinstance(event, TokenEvent):

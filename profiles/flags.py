@@ -16,6 +16,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "strict_backend": ("--strict-backend",),
     # engine (the profile's top-level keys)
     "backend": ("--backend",),
+    "server_url": ("--server", "--server-url"),
+    "api_key_env": ("--api-key-env",),
     "dtype": ("--dtype",),
     "threads": ("--threads", "-t"),
     "cpu_kernels": ("--cpu-kernels",),

@@ -26,7 +26,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from infer.engine.backends import BACKEND_NAMES, KV_CACHE_DTYPES, kernel_modes
 from infer.engine.sampling import SamplingParams
 
-Backend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # derived from the one backend registry
+REMOTE_BACKEND = "remote"
+"""`backend: remote`: not a compute backend but a server that replaces the whole engine (vLLM, SGLang,
+llama-server, another `infer serve`), at `server_url`."""
+Backend = Literal[(*BACKEND_NAMES, REMOTE_BACKEND)]  # type: ignore[valid-type]  # the registry, plus remote
 DType = Literal["float32", "float16", "bfloat16"]
 CpuKernels = Literal[kernel_modes("cpu")]  # type: ignore[valid-type]  # the cpu backend's capabilities
 KvCacheDtype = Literal[tuple(KV_CACHE_DTYPES)]  # type: ignore[valid-type]  # the engine's one list
@@ -169,7 +172,22 @@ class ProfileFile(_Section):
     )
     description: str | None = Field(None, description="One line shown by `infer profiles list`.")
 
-    backend: Backend = Field("cpu", description="Compute backend: cpu (numpy), cuda (CuPy) or metal (MLX).")
+    backend: Backend = Field(
+        "cpu",
+        description="Compute backend: cpu (numpy), cuda (CuPy) or metal (MLX); or remote: an "
+        "OpenAI-compatible server at server_url (vLLM, SGLang, llama-server, infer serve) runs the "
+        "requests instead of a local engine.",
+    )
+    server_url: str | None = Field(
+        None,
+        description="The server's base URL (http://host:8000) for backend remote; given on its own "
+        "(flag --server, env INFER_SERVER_URL) it selects backend remote. null = run locally.",
+    )
+    api_key_env: str = Field(
+        "INFER_API_KEY",
+        description="The environment variable that holds the remote server's API key (the key itself "
+        "never goes in a file); unset or empty = no key.",
+    )
     dtype: DType = Field("float32", description="Compute dtype for weights and activations.")
     threads: int = Field(
         0,

@@ -37,7 +37,7 @@ from infer.profiles.loader import (
     describe_validation_error,
     load_profile,
 )
-from infer.profiles.schema import ProfileFile, SamplerSection, SpeculativeSection
+from infer.profiles.schema import REMOTE_BACKEND, ProfileFile, SamplerSection, SpeculativeSection
 
 ENV_PREFIX = "INFER_"
 
@@ -329,6 +329,37 @@ def _check_cross_field(entries: Mapping[str, _Entry]) -> None:
         )
 
 
+_RANK = {"default": 0, "profile": 1, "env": 2, "flag": 3}
+"""Provenance kinds by precedence (a flag outranks everything)."""
+
+
+def _settle_remote(entries: dict[str, _Entry]) -> None:
+    """`server_url` and `backend` decide together whether a server runs the requests: a server URL
+    selects backend remote (`--server URL` alone is enough), unless a higher-ranked source asks for a
+    local backend, which contradicts it and is refused; backend remote without a URL is refused too."""
+    backend, url = entries["backend"], entries["server_url"]
+    if url.value is not None:
+        if not str(url.value).startswith(("http://", "https://")):
+            raise SettingsError(f"{url.source}: server_url {url.value!r}: give an http:// or https:// URL")
+        if backend.value != REMOTE_BACKEND:
+            if _RANK[backend.source.kind] > _RANK[url.source.kind]:
+                raise SettingsError(
+                    f"{backend.source}: backend {backend.value} runs locally, but {url.source} names a "
+                    f"server ({url.value}); drop one of them"
+                )
+            entries["backend"] = _Entry(REMOTE_BACKEND, url.source)
+    elif backend.value == REMOTE_BACKEND:
+        raise SettingsError(
+            f"{backend.source}: backend remote needs server_url (profile key server_url, flag --server, "
+            "env INFER_SERVER_URL)"
+        )
+
+
+def is_remote(settings: Settings) -> bool:
+    """Whether a server runs these settings' requests (backend remote at `server_url`)."""
+    return bool(settings.backend == REMOTE_BACKEND)
+
+
 _SPEC_LIMITS: tuple[str, ...] = ("num_tokens", "draft_min", "p_min", "ngram_min", "ngram_max")
 """The `speculative.*` keys `check_spec_limits` checks, in its argument order."""
 
@@ -481,6 +512,7 @@ def resolve_settings(flags: Mapping[str, Any], *, env: Mapping[str, str] | None 
         entries[spec.name] = entry
 
     _check_cross_field(entries)
+    _settle_remote(entries)
     _check_speculative(entries)
     _check_engine_limits(entries)
     sampling = _check_sampler(entries)
@@ -499,5 +531,6 @@ __all__ = [
     "Settings",
     "SettingsError",
     "coerce_value",
+    "is_remote",
     "resolve_settings",
 ]

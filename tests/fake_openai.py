@@ -25,7 +25,9 @@ class FakeServer:
 
     url: str = ""
     mode: str = "ids"
-    """ids | logprobs | text | 500 | 400 | cut | slow."""
+    """ids | logprobs | text | 500 | 400 | cut | slow | unstable (the last id changes every call)."""
+    owner: str | None = None
+    """`owned_by` of the listed model (None: not written), which tells the engine apart."""
     ids: list[int] = field(default_factory=lambda: list(FIXED_IDS))
     gaps: list[float] = field(default_factory=lambda: [3.0, 3.0, 3.0])
     """Per step: the logprob gap between the chosen token and the runner-up (mode logprobs)."""
@@ -41,6 +43,8 @@ def _completion(fake: FakeServer, chat: bool) -> dict[str, Any]:
         choice["text"] = FIXED_TEXT
     if fake.mode == "ids":
         choice["token_ids"] = list(fake.ids)
+    elif fake.mode == "unstable":  # a server whose answer depends on what it ran before
+        choice["token_ids"] = [*fake.ids[:-1], fake.ids[-1] + len(fake.bodies)]
     elif fake.mode == "logprobs":
         choice["logprobs"] = {
             "content": [
@@ -84,7 +88,8 @@ def _handler(fake: FakeServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path == "/v1/models":
-                self._json(200, {"object": "list", "data": [{"id": "fake-model"}]}, VERSION_HEADER)
+                card = {"id": "fake-model", **({"owned_by": fake.owner} if fake.owner else {})}
+                self._json(200, {"object": "list", "data": [card]}, VERSION_HEADER)
             else:
                 self._json(404, {"error": {"message": "no such route", "type": "invalid_request_error"}})
 
@@ -134,7 +139,8 @@ def _handler(fake: FakeServer) -> type[BaseHTTPRequestHandler]:
                     self.close_connection = True  # no final chunk: the stream is cut half-way
                     return
                 delta = {"delta": {"content": piece}} if chat else {"text": piece}
-                send(json.dumps({"choices": [{"index": 0, **delta, "finish_reason": None}]}))
+                finish = "length" if index == len(pieces) - 1 else None  # as real servers end a stream
+                send(json.dumps({"choices": [{"index": 0, **delta, "finish_reason": finish}]}))
             usage = {"prompt_tokens": 3, "completion_tokens": len(pieces), "total_tokens": 3 + len(pieces)}
             send(json.dumps({"choices": [], "usage": usage}))
             send("[DONE]")

@@ -165,7 +165,7 @@ def test_help_groups_every_shared_flag_with_its_description() -> None:
         (["gen", "hi"], {"INFER_TOP_K": "abc"}, ["INFER_TOP_K", "must be an integer"]),
         (["gen", "hi", "--top-k", "abc"], {}, ["--top-k", "must be an integer"]),
         (["gen", "hi", "--threads", "-3"], {}, ["--threads", "threads", "greater than or equal to 0"]),
-        (["gen", "hi", "--backend", "tpu"], {}, ["--backend", "'cpu', 'cuda' or 'metal'"]),
+        (["gen", "hi", "--backend", "tpu"], {}, ["--backend", "'cpu', 'cuda', 'metal' or 'remote'"]),
         (["gen", "hi", "--top-p", "2"], {}, ["--top-p", "sampler.top_p", "(0, 1]"]),
         (["gen", "hi", "--profile", "nope"], {}, ["'nope'", "not found", "--profile"]),
         (["gen", "hi"], {"INFER_PROFILE": "./missing.yaml"}, ["missing.yaml", "INFER_PROFILE"]),
@@ -295,5 +295,6 @@ def test_bench_gate_and_serve_take_their_options_as_dataclasses() -> None:
 
     for options_type in (BenchOptions, GateOptions, ServeOptions, AppOptions):
         assert dataclasses.is_dataclass(options_type)
-    assert len(dataclasses.fields(BenchOptions)) == 23  # bench's 24 parameters: these and `flags`
+    # bench's parameters: these and `flags` (--plot added; --server is the shared server_url setting now)
+    assert len(dataclasses.fields(BenchOptions)) == 22
     assert BenchOptions().repetitions == 3 and GateOptions().tie_margin == 1e-3

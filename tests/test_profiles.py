@@ -136,7 +136,7 @@ ERROR_CASES = {
     "backend not in enum": (
         {"p.yaml": "# mine\nbackend: gpu\n"},
         "p.yaml",
-        ["p.yaml:2", "backend", "'cpu', 'cuda' or 'metal'", "'gpu'"],
+        ["p.yaml:2", "backend", "'cpu', 'cuda', 'metal' or 'remote'", "'gpu'"],
     ),
     "threads below 0": (
         {"p.yaml": "threads: -2\n"},

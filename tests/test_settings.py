@@ -121,7 +121,7 @@ def test_shipped_profile_values_come_from_the_right_file() -> None:
         ("INFER_TOP_K", "4.5", ["INFER_TOP_K", "sampler.top_k"]),
         ("INFER_TEMPERATURE", "hot", ["INFER_TEMPERATURE", "sampler.temperature", "number"]),
         ("INFER_THREADS", "-1", ["INFER_THREADS", "threads", "greater than or equal to 0"]),
-        ("INFER_BACKEND", "gpu", ["INFER_BACKEND", "backend", "'cpu', 'cuda' or 'metal'"]),
+        ("INFER_BACKEND", "gpu", ["INFER_BACKEND", "backend", "'cpu', 'cuda', 'metal' or 'remote'"]),
         ("INFER_STRICT_BACKEND", "maybe", ["INFER_STRICT_BACKEND", "strict_backend", "boolean"]),
         ("INFER_PROFILE", "nope", ["INFER_PROFILE", "'nope'", "not found"]),
         ("INFER_DRY_SEQUENCE_BREAKERS", "[1, 2", ["INFER_DRY_SEQUENCE_BREAKERS", "JSON array"]),

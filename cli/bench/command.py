@@ -43,13 +43,14 @@ from infer.cli.bench.stats import (
     to_csv,
 )
 from infer.cli.fingerprint import environment_fingerprint
-from infer.cli.options import fail, resolve_or_fail, shared_flags, takes_options
+from infer.cli.options import fail, resolve_or_fail, settings_errors, shared_flags, takes_options
 from infer.cli.runtime import STDERR, counting_progress, open_engine
 from infer.cli.server_client import api_key_from
 from infer.engine import DoneEvent, Engine, Event, Request, RequestError, TokenEvent
 from infer.profiles.backend_choice import choose_backend
+from infer.profiles.remote import refuse_local_settings
 from infer.profiles.requests import build_request
-from infer.profiles.settings import Settings
+from infer.profiles.settings import SETTINGS, Settings, is_remote
 
 PROMPT_SEED = 1234
 """Benchmark prompts are random token ids from this seed: the same prompts on every run."""
@@ -334,7 +335,7 @@ class _Plan:
     slo_bounds: Any
 
 
-def _check_options(options: BenchOptions) -> None:
+def _check_options(options: BenchOptions, server: str | None) -> None:
     """Refuse options that do not go together (each one line, exit 2)."""
     serving_given = [
         name
@@ -348,8 +349,9 @@ def _check_options(options: BenchOptions) -> None:
         )
         if given
     ]
-    if options.server is None and (serving_given or options.api_key):
-        fail(f"{', '.join(serving_given or ['--api-key'])} only applies with --server")
+    if server is None and (serving_given or options.api_key or options.server_model):
+        names = serving_given or (["--api-key"] if options.api_key else ["--server-model"])
+        fail(f"{', '.join(names)} only applies with --server")
     if options.dataset is None and serving_given:
         fail(f"{', '.join(serving_given)} needs --dataset (a serving run over a prompt file)")
     if not options.request_rate > 0:
@@ -371,9 +373,9 @@ def _check_options(options: BenchOptions) -> None:
             fail(str(exc))
 
 
-def _plan(options: BenchOptions, n_predict: Any) -> _Plan:
+def _plan(options: BenchOptions, n_predict: Any, server: str | None) -> _Plan:
     """The tests, the concurrency levels and the output format the options ask for."""
-    _check_options(options)
+    _check_options(options, server)
     try:
         slo_bounds = parse_slo(options.slo)
     except DatasetError as exc:
@@ -423,17 +425,21 @@ def _plan(options: BenchOptions, n_predict: Any) -> _Plan:
 @takes_options
 def bench(options: BenchOptions, *, flags: dict[str, Any]) -> None:
     """Throughput runs: prefill and decode tokens/s, TTFT, inter-token latency, concurrency sweep."""
-    plan = _plan(options, flags.pop("n_predict", None))
+    n_predict = flags.pop("n_predict", None)
+    settings = resolve_or_fail(flags)
+    server = _ServerTarget.of(settings, options) if is_remote(settings) else None
+    if server is not None:
+        _refuse_unsent(settings)
+    plan = _plan(options, n_predict, server.url if server else None)
     baseline_data = None
     if options.baseline is not None:
         try:
             baseline_data = load_baseline(options.baseline)
         except ValueError as exc:
             fail(str(exc))
-    settings = resolve_or_fail(flags)
     console = STDERR if plan.fmt else Console()
-    if options.server is not None:
-        results, header = _bench_server(options, plan)
+    if server is not None:
+        results, header = _bench_server(options, plan, server)
     else:
         results, header = _bench_engine(options, plan, settings)
     records = [r.to_json() for r in results]
@@ -464,23 +470,55 @@ def bench(options: BenchOptions, *, flags: dict[str, Any]) -> None:
         regressed = any(c.regressed for c in comparisons)
         if regressed:
             console.print(f"[red]regression beyond {options.tolerance:.0%} against {options.baseline}[/]")
-    if errors and options.server is not None and not regressed:
+    if errors and server is not None and not regressed:
         raise SystemExit(2)  # remote failures: could not measure, not a regression
     raise SystemExit(1 if regressed or errors else 0)
 
 
-def _bench_server(options: BenchOptions, plan: _Plan) -> tuple[list[BenchResult], dict[str, Any]]:
+def _refuse_unsent(settings: Settings) -> None:
+    """A server bench sends greedy fixed-length requests: a sampler flag or variable, or a local-engine
+    setting, would be accepted and ignored, so each is refused (one line, exit 2)."""
+    given = [
+        str(settings.source(spec.name))
+        for spec in SETTINGS.values()
+        if spec.section == "sampler" and settings.source(spec.name).kind in ("flag", "env")
+    ]
+    if given:
+        fail(f"{', '.join(given)}: a server bench sends greedy fixed-length requests; remove them")
+    with settings_errors():
+        refuse_local_settings(settings)
+
+
+@dataclass(frozen=True)
+class _ServerTarget:
+    """The server a bench run measures: `--server URL` (the shared `server_url` setting, or a profile
+    with `backend: remote`), the model name to send and the API key."""
+
+    url: str
+    model: str | None
+    api_key: str | None
+
+    @classmethod
+    def of(cls, settings: Settings, options: BenchOptions) -> _ServerTarget:
+        """From remote settings: `--server-model`, else a remote profile's `model`, else the first of
+        /v1/models; the key from `--api-key` or the variable `api_key_env` names."""
+        model = options.server_model
+        if model is None and settings.source("model").kind != "default":
+            model = settings.model
+        return cls(str(settings.server_url), model, api_key_from(options.api_key, settings.api_key_env))
+
+
+def _bench_server(
+    options: BenchOptions, plan: _Plan, server: _ServerTarget
+) -> tuple[list[BenchResult], dict[str, Any]]:
     """The plan's tests (and the serving run over --dataset) against the server at --server."""
     from infer.cli.bench.server import ServerBench, ServerError
 
-    assert options.server is not None
     reps, warmup = options.repetitions, options.warmup
     steps = count_steps(plan.tests, plan.levels, reps, warmup)
     steps += len(plan.serve_levels) * (reps + (1 if warmup else 0))
     try:
-        server_bench = ServerBench(
-            options.server, api=options.api, model=options.server_model, api_key=api_key_from(options.api_key)
-        )
+        server_bench = ServerBench(server.url, api=options.api, model=server.model, api_key=server.api_key)
         with _progress(steps) as advance:
             results = server_bench.run(
                 plan.tests, plan.levels, options.concurrency_prompt, plan.conc_gen, reps, warmup, advance
@@ -501,13 +539,13 @@ def _bench_server(options: BenchOptions, plan: _Plan) -> tuple[list[BenchResult]
         fail(f"could not measure: {exc}")
     identity = server_bench.identity.to_json()
     header = {
-        "server": options.server,
+        "server": server.url,
         "api": options.api,
         "model": server_bench.model,
         "backend": "server",
         "threads": "-",
         "fingerprint": environment_fingerprint(
-            backend="server", device=options.server, model=server_bench.model, server=identity
+            backend="server", device=server.url, model=server_bench.model, server=identity
         ),
     }
     return results, header

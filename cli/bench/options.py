@@ -1,5 +1,6 @@
 """`infer bench`'s own options (the shared settings flags come on top: `-n` is the shared
-`-n/--n-predict`, read by bench as the list of decode lengths)."""
+`-n/--n-predict`, read by bench as the list of decode lengths; `--server URL` is the shared `server_url`
+setting, also from `INFER_SERVER_URL` or a profile with `backend: remote`)."""
 
 from __future__ import annotations
 
@@ -47,9 +48,6 @@ class BenchOptions:
         "infer bench compare A.json B.json --plot FILE.",
     )
     tolerance: float = option(0.1, "--tolerance", help="Allowed regression vs --baseline (0.1 = 10%).")
-    server: Optional[str] = option(
-        None, "--server", help="Benchmark an OpenAI-compatible server at this base URL instead."
-    )
     api: str = option("chat", "--api", help="With --server: chat (/v1/chat/completions) or completions.")
     server_model: Optional[str] = option(
         None,

@@ -43,8 +43,14 @@ from infer.cli.gate.anchors import (
 )
 from infer.cli.gate.check import AnchorResult, AnchorRun, judge, relative_gap, run_anchor, write_junit
 from infer.cli.gate.options import GateOptions
-from infer.cli.gate.remote import IDS_TEXT_ONLY, RemoteRun, judge_remote, run_remote_anchor
-from infer.cli.options import fail, shared_flags, takes_options
+from infer.cli.gate.remote import (
+    IDS_TEXT_ONLY,
+    RemoteRun,
+    judge_remote,
+    reproducibility_problem,
+    run_remote_anchor,
+)
+from infer.cli.options import fail, resolve_or_fail, shared_flags, takes_options
 from infer.cli.runtime import STDERR, counting_progress, open_engine, resolve_model_path
 from infer.cli.server_client import (
     DEFAULT_TIMEOUT_S,
@@ -66,7 +72,7 @@ from infer.engine import (
 from infer.profiles.backend_choice import choose_backend
 from infer.profiles.constraints import grammar_from_settings
 from infer.profiles.loader import ProfileError
-from infer.profiles.settings import SETTINGS, Settings, resolve_settings
+from infer.profiles.settings import SETTINGS, Settings, is_remote, resolve_settings
 
 
 def _sampler_env_free(env: dict[str, str]) -> dict[str, str]:
@@ -236,6 +242,21 @@ def _report_fingerprint(
     return [{"key": key, "blessed": old, "now": new} for key, old, new in diff]
 
 
+_SERVER_SETTINGS = ("profile", "backend", "server_url", "api_key_env")
+"""The shared settings that say whether and where a server runs the anchors."""
+
+
+def _server_settings(flags: dict[str, Any]) -> Settings | None:
+    """The settings naming the server to gate (`--server URL`, `INFER_SERVER_URL`, or `--profile` of
+    a profile with `backend: remote`), or None for a local run."""
+    settings = resolve_or_fail({name: flags[name] for name in _SERVER_SETTINGS if name in flags})
+    if is_remote(settings):
+        return settings
+    if "api_key_env" in flags:
+        fail("--api-key-env only applies with --server")
+    return None
+
+
 @shared_flags
 @takes_options
 def gate(
@@ -248,7 +269,8 @@ def gate(
     (or, with --server, an anchor that could not be checked)."""
     if not 0.0 < options.tie_margin < 1.0:
         fail(f"--tie-margin must be in (0, 1), got {options.tie_margin}")
-    if options.server is None:
+    server = _server_settings(flags)
+    if server is None:
         given = [
             name
             for name, value in (("--api-key", options.api_key), ("--tokenizer", options.tokenizer))
@@ -270,8 +292,12 @@ def gate(
     selected = loaded.select(options.filters or [])
     if not selected:
         fail(f"no anchor in {anchors_file} matches --filter {' '.join(options.filters or [])}")
-    if options.server is not None:
+    if server is not None:
         model_name = flags.pop("model", None)
+        if model_name is None and server.source("model").kind != "default":
+            model_name = server.model  # a remote profile's model: the served model's name
+        for name in _SERVER_SETTINGS:
+            flags.pop(name, None)
         if flags or options.deterministic or options.audit:
             names = sorted(SETTINGS[name].flag for name in flags) + (
                 ["--deterministic"] if options.deterministic else []
@@ -281,15 +307,21 @@ def gate(
         if options.timeout <= 0:
             fail(f"--timeout must be > 0, got {options.timeout}")
         target = ServerGateOptions(
-            url=options.server,
+            url=server.server_url,
             model=model_name,
-            api_key=api_key_from(options.api_key),
+            api_key=api_key_from(options.api_key, server.api_key_env),
             tokenizer=options.tokenizer,
             timeout=options.timeout,
         )
         _gate_server(loaded, selected, target, options)
         return
     settings_by_anchor = {anchor.index: anchor_settings(loaded, anchor, flags) for anchor in selected}
+    for anchor in selected:
+        if is_remote(settings_by_anchor[anchor.index]):
+            fail(
+                f"{loaded.path}: anchors[{anchor.index}] ({anchor.name}): its profile names a server; "
+                "the file's profile applies to local runs: give --server URL or --profile on the command line"
+            )
 
     console = STDERR if options.json_output else Console()
     engines: dict[tuple[Any, ...], Engine] = {}
@@ -499,14 +531,21 @@ def _gate_server(
         except RemoteError as exc:
             fail(f"could not check: {exc}")
         progress = counting_progress()
+        runs_each = 2 if options.bless else 1  # bless only what the server reproduces
+        unstable: dict[int, str] = {}
         with progress:
-            task = progress.add_task("anchors", total=len(selected))
+            task = progress.add_task("anchors", total=len(selected) * runs_each)
             for anchor in selected:
                 progress.update(task, description=f"anchor {anchor.name} on {base}")
-                remote_runs[anchor.index] = run_remote_anchor(
-                    client, base, anchor, identity.model, tokenizer, _remote_prompt_ids(tokenizer, anchor)
-                )
-                progress.advance(task)
+                ids = _remote_prompt_ids(tokenizer, anchor)
+                runs = []
+                for _ in range(runs_each):
+                    runs.append(run_remote_anchor(client, base, anchor, identity.model, tokenizer, ids))
+                    progress.advance(task)
+                remote_runs[anchor.index] = runs[0]
+                problem = reproducibility_problem(runs[0], runs[-1]) if len(runs) > 1 else None
+                if problem is not None:
+                    unstable[anchor.index] = problem
     found = next((r.system_fingerprint for r in remote_runs.values() if r.system_fingerprint), None)
     identity = replace(identity, system_fingerprint=found)
     decode: Callable[[list[int]], str] = (
@@ -523,15 +562,16 @@ def _gate_server(
         good = {
             index: remote.blessing()
             for index, remote in remote_runs.items()
-            if remote.run.error is None and remote.run.finish_reason != "error"
+            if remote.run.error is None and remote.run.finish_reason != "error" and index not in unstable
         }
-        failed = [
-            result
-            for anchor, result in zip(selected, results, strict=True)
-            if remote_runs[anchor.index].run.error is not None
-        ]
-        for result in failed:
-            result.problems = [p.removeprefix("could not check: ") for p in result.problems[:1]]
+        failed = []
+        for anchor, result in zip(selected, results, strict=True):
+            if remote_runs[anchor.index].run.error is not None:
+                result.problems = [p.removeprefix("could not check: ") for p in result.problems[:1]]
+                failed.append(result)
+            elif anchor.index in unstable:
+                result.status, result.problems = "error", [unstable[anchor.index]]
+                failed.append(result)
         _bless(
             loaded,
             good,

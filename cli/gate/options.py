@@ -1,5 +1,7 @@
 """`infer gate`'s own options (the shared settings flags come on top; an anchor pins its sampler and
-n_predict, so those flags are refused)."""
+n_predict, so those flags are refused). `--server URL` is the shared `server_url` setting (env
+`INFER_SERVER_URL`, or a profile with `backend: remote`): the anchors then run on that server, and
+`--model` names the served model (default: the first of /v1/models)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from infer.cli.options import option
-from infer.cli.server_client import API_KEY_ENV, DEFAULT_TIMEOUT_S, SERVER_ENV
+from infer.cli.server_client import API_KEY_ENV, DEFAULT_TIMEOUT_S
 
 DEFAULT_TIE_MARGIN = 1e-3
 """Near-tie threshold: the top two probabilities differ by less than this fraction."""
@@ -43,13 +45,6 @@ class GateOptions:
         "--audit",
         help="Replay every token of constrained anchors through a fresh matcher; fail on any token "
         "the grammar did not allow.",
-    )
-    server: Optional[str] = option(
-        None,
-        "--server",
-        envvar=SERVER_ENV,
-        help="Run the anchors on this OpenAI-compatible server (base URL) instead of a local engine; "
-        "--model then names the served model (default: the first of /v1/models).",
     )
     api_key: Optional[str] = option(
         None, "--api-key", help=f"With --server: the API key (env {API_KEY_ENV}).", show_default=False

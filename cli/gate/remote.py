@@ -21,6 +21,12 @@ give them; the first that answers wins, and the report says which:
 
 Near-ties: the same requests ask for the top-2 logprobs (`top_logprobs: 2`, `logprobs: 2`,
 `n_probs: 2`); without them the report says the classification was not possible.
+
+Reproducible requests: every request asks llama-server not to reuse its slot's cached prompt
+(`cache_prompt: false`; reusing it evaluates the rest of the prompt in another batch shape, which can
+flip a greedy pick at a small gap between two identical requests). `--bless` runs each anchor twice
+and blesses only an anchor whose two runs agree (`reproducibility_problem`), so a server that is not
+reproducible is found when the anchors are made, not in CI.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from typing import Any
 import httpx
 
 from infer.cli.gate.anchors import Blessing, ResolvedAnchor
-from infer.cli.gate.check import AnchorResult, AnchorRun, judge
+from infer.cli.gate.check import AnchorResult, AnchorRun, judge, relative_gap
 from infer.cli.server_client import RemoteError, server_message, transport_message
 from infer.engine import Tokenizer
 
@@ -126,6 +132,7 @@ def anchor_body(
         "return_tokens_as_token_ids": True,
         "return_tokens": True,
         "verbose": True,
+        "cache_prompt": False,
     }
     if spec.stop:
         body["stop"] = list(spec.stop)
@@ -305,6 +312,32 @@ def run_remote_anchor(
     return remote
 
 
+def reproducibility_problem(first: RemoteRun, second: RemoteRun) -> str | None:
+    """Why two runs of one anchor on the same server cannot be blessed (None when they agree): the
+    first token where their ids differ, with the first run's top-2 probability gap there, or the
+    texts' hashes when only text came back. Runs with an error are not compared (reported as such)."""
+    if first.run.error is not None or second.run.error is not None:
+        return None
+    prefix = "server not reproducible for this anchor: two identical requests gave "
+    if IDS_TEXT_ONLY in (first.ids_method, second.ids_method):
+        if first.text_sha256 == second.text_sha256:
+            return None
+        return prefix + f"different texts (sha256 {first.text_sha256[:12]}… and {second.text_sha256[:12]}…)"
+    a, b = first.run.token_ids, second.run.token_ids
+    if a == b and first.run.finish_reason == second.run.finish_reason:
+        return None
+    position = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    if position >= min(len(a), len(b)):
+        what = f"{len(a)} and {len(b)} tokens ({first.run.finish_reason} / {second.run.finish_reason})"
+        return prefix + what
+    gaps = first.run.gaps if first.top2 else []
+    gap = relative_gap(gaps[position]) if position < len(gaps) else None
+    gap_text = f"a top-2 probability gap of {gap:.1%}" if gap is not None else "no top-2 gap reported"
+    return (
+        prefix + f"different tokens from position {position} (id {a[position]} vs {b[position]}; {gap_text})"
+    )
+
+
 def judge_remote(
     anchor: ResolvedAnchor, remote: RemoteRun, *, tie_margin: float, decode: Any
 ) -> AnchorResult:
@@ -391,6 +424,7 @@ __all__ = [
     "anchor_body",
     "judge_remote",
     "parse_completion",
+    "reproducibility_problem",
     "run_remote_anchor",
     "text_hash",
 ]

@@ -27,7 +27,7 @@ from infer.cli.serve.access_log import LOG_FORMATS, shutdown_line
 from infer.cli.serve.app import AppOptions, create_app
 from infer.cli.serve.limits import HttpLimits
 from infer.cli.serve.options import ServeOptions
-from infer.profiles.settings import Settings
+from infer.profiles.settings import Settings, is_remote
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -115,6 +115,11 @@ def serve(settings: Settings, options: ServeOptions) -> None:
             fail(f"--tool-call-parser must be one of {names} (got {options.tool_call_parser!r})")
     if options.log_format not in LOG_FORMATS:
         fail(f"--log-format must be one of {', '.join(LOG_FORMATS)} (got {options.log_format!r})")
+    if is_remote(settings):  # a proxy in front of another server is not what serve is for
+        fail(
+            f"{settings.source('backend')}: infer serve runs a local engine, not backend remote "
+            f"({settings.server_url}); point clients at that server, or choose a local backend"
+        )
     sock = _listen(options.host, options.port)
     engine = open_engine(settings)
     model_id = model_id_of(settings)
