@@ -130,6 +130,19 @@ def _q6_k_rows(row, xq, xd, xb, b, count, o, out, path):
         store_column(out, b, o, k8.q6_k_portable1(row, xq, xd, xb, b))
 
 
+@njit(inline="always", cache=True)
+def _weight_row(row, xq, xd, xb, lo, hi, o, out, kind, path):
+    """out[lo .. hi - 1, o]: one weight row against activation rows lo .. hi - 1, GROUP at a time."""
+    for b in range(lo, hi, GROUP):
+        count = min(GROUP, hi - b)
+        if kind == 0:
+            _q4_k_rows(row, xq, xd, xb, b, count, o, out, path)
+        elif kind == 1:
+            _q5_k_rows(row, xq, xd, xb, b, count, o, out, path)
+        else:
+            _q6_k_rows(row, xq, xd, xb, b, count, o, out, path)
+
+
 @njit(cache=True, parallel=True)
 def _int8_matmul(blocks, xq, xd, xb, out, kind, path):
     """out = (xq * xd) @ W.T for Q4_K (kind 0), Q5_K (1) or Q6_K (2) through int8 path `path`."""
@@ -137,15 +150,7 @@ def _int8_matmul(blocks, xq, xd, xb, out, kind, path):
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):
         for o in range(t * TILE, min(rows, (t + 1) * TILE)):
-            row = blocks[o]
-            for b in range(0, n_b, GROUP):
-                count = min(GROUP, n_b - b)
-                if kind == 0:
-                    _q4_k_rows(row, xq, xd, xb, b, count, o, out, path)
-                elif kind == 1:
-                    _q5_k_rows(row, xq, xd, xb, b, count, o, out, path)
-                else:
-                    _q6_k_rows(row, xq, xd, xb, b, count, o, out, path)
+            _weight_row(blocks[o], xq, xd, xb, 0, n_b, o, out, kind, path)
 
 
 @njit(cache=True)
@@ -173,15 +178,7 @@ def _int8_segments(stack, experts, starts, xq, xd, xb, out, kind, path):
         t = job - s * tiles
         e, lo, hi = experts[s], starts[s], starts[s + 1]
         for o in range(t * TILE, min(rows, (t + 1) * TILE)):
-            row = stack[e, o]
-            for b in range(lo, hi, GROUP):
-                count = min(GROUP, hi - b)
-                if kind == 0:
-                    _q4_k_rows(row, xq, xd, xb, b, count, o, out, path)
-                elif kind == 1:
-                    _q5_k_rows(row, xq, xd, xb, b, count, o, out, path)
-                else:
-                    _q6_k_rows(row, xq, xd, xb, b, count, o, out, path)
+            _weight_row(stack[e, o], xq, xd, xb, lo, hi, o, out, kind, path)
 
 
 @njit(cache=True)
