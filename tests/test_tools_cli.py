@@ -10,8 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-
-from tests.cli_process import infer_cli
+from cli_process import infer_cli
 
 pytestmark = pytest.mark.real_model
 
