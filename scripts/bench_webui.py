@@ -3,13 +3,15 @@
 
     python scripts/bench_webui.py [--rounds 3] [-n 32] [--concurrency 1,4]
 
-Three figures, with the page (the default) and with `--no-webui`, rounds alternating so load drift on
+Four figures, with the page (the default) and with `--no-webui`, rounds alternating so load drift on
 the machine hits both alike:
   * in-process: `create_app` (the only start-up work the page adds: two routes), the median of 300
     builds, and `GET /v1/models` through the whole app (middleware, routing; no socket), the median of
     3,000 requests, each way over one loaded engine (`--rounds 0`: only these);
   * start-up: spawn to "listening" of a real `infer serve` (model load included), per round;
-  * request latency: `infer bench --server URL -p 64 -n N --concurrency ...` against that server
+  * paired requests: both servers up at once, one streamed 16-token greedy chat request to each in
+    turn (`--pairs`), so load drift hits both alike: median TTFT, e2e and paired difference;
+  * request latency: `infer bench --server URL -p 64 -n N --concurrency ...` against each server
     (TTFT, ITL and e2e, t/s), per round; then `infer bench compare` of the two sides' medians.
 """
 
@@ -83,6 +85,53 @@ def bench_server(url: str, n: int, levels: str, path: Path) -> dict:
     return json.loads(done.stdout)
 
 
+def timed_chat(client: httpx.Client, url: str) -> tuple[float, float]:
+    """(TTFT, e2e) in ms of one streamed greedy chat request of 16 tokens."""
+    body = {
+        "messages": [{"role": "user", "content": "Count from one to twenty."}],
+        "max_tokens": 16,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    started = time.perf_counter()
+    first = None
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if first is None and '"content"' in line:
+                first = time.perf_counter()
+    ended = time.perf_counter()
+    return ((first or ended) - started) * 1000, (ended - started) * 1000
+
+
+def paired(requests: int) -> None:
+    """Both servers up at once, requests sent to them in turn (ABBA), so the load on the machine at
+    any moment hits both alike: median TTFT and e2e of each, and the median paired difference."""
+    servers = {"page": start_server(["-t", "2"]), "no page": start_server(["--no-webui", "-t", "2"])}
+    times: dict[str, list[tuple[float, float]]] = {side: [] for side in servers}
+    try:
+        with httpx.Client() as client:
+            for server in servers.values():  # warm-up, not counted
+                timed_chat(client, server.url or "")
+            for index in range(requests):
+                order = ["page", "no page"] if index % 2 == 0 else ["no page", "page"]
+                for side in order:
+                    times[side].append(timed_chat(client, servers[side].url or ""))
+    finally:
+        for server in servers.values():
+            server.stop()
+    for i, name in enumerate(("TTFT", "e2e")):
+        page = [t[i] for t in times["page"]]
+        bare = [t[i] for t in times["no page"]]
+        diff = statistics.median(a - b for a, b in zip(page, bare, strict=True))
+        print(
+            f"paired {name}: page {statistics.median(page):.1f} ms, "
+            f"no page {statistics.median(bare):.1f} ms, "
+            f"median difference {diff:+.1f} ms over {requests} pairs"
+        )
+
+
 def median_run(paths: list[Path]) -> dict:
     """One bench JSON whose every figure is the median over `paths` (the rounds of one side)."""
     runs = [json.loads(p.read_text()) for p in paths]
@@ -103,6 +152,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("-n", type=int, default=32)
     parser.add_argument("--concurrency", default="1,4")
+    parser.add_argument("--pairs", type=int, default=100, help="Paired requests (0: none).")
     args = parser.parse_args()
     for side, figures in app_figures(100).items():
         print(
@@ -110,6 +160,8 @@ def main() -> None:
             f"GET /v1/models in-process {figures['request_us']:.0f} us",
             flush=True,
         )
+    if args.pairs:
+        paired(args.pairs)
     if args.rounds == 0:
         return
     folder = Path(tempfile.mkdtemp(prefix="bench_webui_"))

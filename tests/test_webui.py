@@ -114,14 +114,18 @@ def server(default_model_path: Path) -> Iterator[ServerProcess]:
 class Page:
     """A browser page on the server's chat page, failing the test on any script error."""
 
-    def __init__(self, browser: Any, url: str, viewport: dict[str, int]) -> None:
+    def __init__(
+        self, browser: Any, url: str, viewport: dict[str, int], *, enforce_csp: bool = False
+    ) -> None:
         # bypass_csp: Playwright's waits evaluate strings, which the page's policy forbids. The
         # hostile-Markdown test thus checks the renderer alone, without the policy's second wall.
-        self.context = browser.new_context(viewport=viewport, bypass_csp=True)
+        self.context = browser.new_context(viewport=viewport, bypass_csp=not enforce_csp)
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.dialogs: list[str] = []
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.console: list[str] = []
+        self.page.on("console", lambda message: self.console.append(message.text))
 
         def on_dialog(dialog: Any) -> None:
             self.dialogs.append(dialog.message)
