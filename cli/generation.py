@@ -181,6 +181,28 @@ def json_number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def generation_fields(
+    done: DoneEvent, load_s: float, prompt_ids: list[int] | None, token_ids: list[int] | None
+) -> dict[str, Any]:
+    """The keys every `--json` object of `infer generate` has, local or against a server, in order:
+    the text and ids, how it ended, the usage and the timings measured here."""
+    timings = done.timings
+    return {
+        "text": done.text,
+        "prompt_ids": prompt_ids,
+        "token_ids": token_ids,
+        "finish_reason": done.finish_reason,
+        "error": done.error,
+        "seed": done.seed,
+        "prompt_tokens": done.usage.prompt_tokens,
+        "completion_tokens": done.usage.completion_tokens,
+        "load_s": round(load_s, 4),
+        "prefill_s": round(timings.prefill_s, 4),
+        "decode_s": round(timings.decode_s, 4),
+        "ttft_s": round(timings.ttft_s, 4),
+    }
+
+
 def result_json(engine: Engine, request: Request, done: DoneEvent) -> str:
     """The `--json` object of `infer generate` (with the server's usage and timings for a server)."""
     if is_remote_engine(engine):
@@ -188,23 +210,12 @@ def result_json(engine: Engine, request: Request, done: DoneEvent) -> str:
 
         return server_json(engine, request, done)  # type: ignore[arg-type]
     timings = done.timings
-    completion = done.usage.completion_tokens
+    fields = generation_fields(done, engine.load_seconds, list(request.prompt_ids), list(done.token_ids))
     return json.dumps(
-        {
-            "text": done.text,
-            "prompt_ids": list(request.prompt_ids),
-            "token_ids": list(done.token_ids),
-            "finish_reason": done.finish_reason,
-            "error": done.error,
-            "seed": done.seed,
-            "prompt_tokens": done.usage.prompt_tokens,
-            "completion_tokens": completion,
-            "load_s": round(engine.load_seconds, 4),
-            "prefill_s": round(timings.prefill_s, 4),
-            "decode_s": round(timings.decode_s, 4),
-            "ttft_s": round(timings.ttft_s, 4),
+        fields
+        | {
             "prefill_tokens_per_s": round(timings.prefill_tokens_per_s(done.usage.prompt_tokens), 2),
-            "decode_tokens_per_s": round(timings.decode_tokens_per_s(completion), 2),
+            "decode_tokens_per_s": round(timings.decode_tokens_per_s(done.usage.completion_tokens), 2),
             "speculative": spec_summary(done.counters),
         },
         ensure_ascii=False,

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from infer.cli.generation import generation_fields
 from infer.cli.remote.engines import RemoteKind, constraint_fields, detect_kind, map_sampler
 from infer.cli.server_client import (
     RemoteError,
@@ -331,23 +332,11 @@ def server_json(engine: RemoteEngine, request: RemoteRequest, done: DoneEvent) -
     """The `--json` object of `infer generate` against a server: the local run's keys (timings
     measured here) plus the server's own usage and timings, and who answered."""
     report = engine.reports.get(request.request_id, ServerReport())
-    timings = done.timings
-    completion = done.usage.completion_tokens
+    fields = generation_fields(done, engine.load_seconds, None, list(done.token_ids) or None)
     return json.dumps(
-        {
-            "text": done.text,
-            "prompt_ids": None,
-            "token_ids": list(done.token_ids) or None,
-            "finish_reason": done.finish_reason,
-            "error": done.error,
-            "seed": done.seed,
-            "prompt_tokens": done.usage.prompt_tokens,
-            "completion_tokens": completion,
-            "load_s": round(engine.load_seconds, 4),
-            "prefill_s": round(timings.prefill_s, 4),
-            "decode_s": round(timings.decode_s, 4),
-            "ttft_s": round(timings.ttft_s, 4),
-            "decode_tokens_per_s": round(timings.decode_tokens_per_s(completion), 2),
+        fields
+        | {
+            "decode_tokens_per_s": round(done.timings.decode_tokens_per_s(done.usage.completion_tokens), 2),
             "server": {
                 "url": engine.identity.url,
                 "engine": engine.kind.name,
