@@ -68,6 +68,16 @@ def call_from_json(
     return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False), call_id)
 
 
+def calls_from_json(value: Any) -> tuple[ToolCall, ...] | None:
+    """The calls of a decoded call object or JSON list of them (`call_from_json` each), or None when
+    the list is empty or one of its items is not a call (then the whole value is text)."""
+    items = value if isinstance(value, list) else [value]
+    calls = [call_from_json(item) for item in items]
+    if not calls or any(c is None for c in calls):
+        return None
+    return tuple(c for c in calls if c is not None)
+
+
 def decode_json_prefix(text: str, start: int) -> tuple[Any, int] | None:
     """The JSON value that starts at `start` (after whitespace) and where it ends, or None when the
     text there is not (yet) a whole JSON value."""

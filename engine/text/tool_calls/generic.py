@@ -12,7 +12,7 @@ from infer.engine.text.tool_calls.base import (
     BodyResult,
     CallSyntax,
     ToolCall,
-    call_from_json,
+    calls_from_json,
     decode_json_prefix,
     lazy_at_start,
 )
@@ -49,7 +49,4 @@ def _calls(value: Any) -> tuple[ToolCall, ...] | None:
     if isinstance(value, dict) and isinstance(value.get("tool_calls"), list):
         value = value["tool_calls"]
     items = value if isinstance(value, list) else [value]
-    calls = [call_from_json(item.get("function", item) if isinstance(item, dict) else item) for item in items]
-    if not calls or any(c is None for c in calls):
-        return None
-    return tuple(c for c in calls if c is not None)
+    return calls_from_json([item.get("function", item) if isinstance(item, dict) else item for item in items])

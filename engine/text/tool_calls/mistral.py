@@ -13,6 +13,7 @@ from infer.engine.text.tool_calls.base import (
     CallSyntax,
     ToolCall,
     call_from_json,
+    calls_from_json,
     decode_json_prefix,
     lazy_after_marker,
 )
@@ -40,11 +41,8 @@ class MistralSyntax(CallSyntax):
             decoded = decode_json_prefix(text, offset)
             if decoded is None:
                 return None if not final else BodyResult(None, start)
-            items = decoded[0] if isinstance(decoded[0], list) else [decoded[0]]
-            calls = [call_from_json(item) for item in items]
-            if not calls or any(c is None for c in calls):
-                return BodyResult(None, start)
-            return BodyResult(tuple(c for c in calls if c is not None), decoded[1])
+            calls = calls_from_json(decoded[0])
+            return BodyResult(None, start) if calls is None else BodyResult(calls, decoded[1])
         named = _NAMED.match(rest)
         if named is None:
             if not final and _NAMED_PREFIX.match(rest):

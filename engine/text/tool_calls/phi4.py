@@ -9,7 +9,7 @@ from __future__ import annotations
 from infer.engine.text.tool_calls.base import (
     BodyResult,
     CallSyntax,
-    call_from_json,
+    calls_from_json,
     decode_json_prefix,
     lazy_after_marker,
 )
@@ -32,9 +32,8 @@ class Phi4Syntax(CallSyntax):
             if final or (text[start:].strip() and text[start:].lstrip()[0] not in "[{"):
                 return BodyResult(None, start)
             return None
-        items = decoded[0] if isinstance(decoded[0], list) else [decoded[0]]
-        calls = [call_from_json(item) for item in items]
-        if not calls or any(c is None for c in calls):
+        calls = calls_from_json(decoded[0])
+        if calls is None:
             return BodyResult(None, start)
         end = decoded[1]
         tail = text[end:]
@@ -43,7 +42,7 @@ class Phi4Syntax(CallSyntax):
             end += len(tail) - len(stripped) + len(CLOSE)
         elif not final and CLOSE.startswith(stripped):
             return None  # the closing marker may be on its way
-        return BodyResult(tuple(c for c in calls if c is not None), end)
+        return BodyResult(calls, end)
 
     def lark(self, call: str, parallel: bool) -> str:
         """`<|tool_call|>[` calls `]<|/tool_call|>`."""
