@@ -20,7 +20,7 @@ MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 64
 """Content parts per message."""
 MAX_TOOLS = 128
-"""`tools` entries (OpenAI's own limit); tools are refused anyway unless `tool_choice` is none."""
+"""`tools` entries (OpenAI's own limit); each tool's schema is size-checked before it joins the prompt."""
 MAX_PROMPTS = 128
 """Prompts in one /v1/completions request; with `n`, at most this many choices in all."""
 MAX_PROMPT_TOKEN_IDS = 1 << 20
