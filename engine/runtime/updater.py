@@ -180,9 +180,11 @@ class SequenceUpdater:
             sampled_on_device=seq.sampled_on_device,
             error_param=error_param,
         )
-        seq.stream.push(done)
+        # Listeners (the server's /metrics) count the request before its stream ends, so a client that
+        # has read the whole answer and then scrapes /metrics always finds it counted.
         for listener in self._done_listeners:
             listener(done)
+        seq.stream.push(done)
 
 
 def _count_verify(item: ScheduledWork, accepted: tuple[SampledToken, ...]) -> None:
