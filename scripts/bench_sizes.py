@@ -298,15 +298,15 @@ def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 5) -> float:
     64-bit word, split over the threads in contiguous ranges, as a decode step streams its weights."""
     import numba
 
+    # Each thread sums its range with numba's vectorised array sum: the element loop written out by hand
+    # was not vectorised on a Zen 5 VM and read 9 GB/s where this reads 42 (compute-bound, not memory).
     @numba.njit(parallel=True, cache=False)
     def total(words: np.ndarray, parts: int) -> int:
         per = (words.shape[0] + parts - 1) // parts
         sums = np.zeros(parts, np.int64)
         for p in numba.prange(parts):
-            acc = np.int64(0)
-            for i in range(p * per, min(words.shape[0], (p + 1) * per)):
-                acc += words[i]
-            sums[p] = acc
+            start = p * per
+            sums[p] = words[start : min(words.shape[0], start + per)].sum()
         return sums.sum()
 
     numba.set_num_threads(threads)
