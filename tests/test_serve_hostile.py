@@ -214,7 +214,7 @@ def hostile_server(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         "<|im_start|>assistant\n{% endif %}"
     )
     config_path.write_text(json.dumps(config))
-    process = start_server(["-m", str(folder), "-c", "256", "--shutdown-grace", "20"])
+    process = start_server(["-m", str(folder), "-c", "1024", "--shutdown-grace", "20"])
     yield process
     process.stop()
 
@@ -261,7 +261,9 @@ def test_row7_a_client_that_leaves_during_a_render_leaves_nothing_running(
 def test_row9_sigterm_drains_with_503_and_retry_after(hostile_server: ServerProcess) -> None:
     url = hostile_server.url
     assert url is not None
-    body = {"prompt": "once upon a time", "max_tokens": 150, "ignore_eos": True, "stream": True}
+    # long enough that the stream is still in flight when the new request below arrives, even with the
+    # other test worker busy beside it (150 tokens finished first once: the server had exited, refused)
+    body = {"prompt": "once upon a time", "max_tokens": 900, "ignore_eos": True, "stream": True}
     lines: list[str] = []
     with httpx.stream("POST", f"{url}{COMPLETIONS}", json=body, timeout=60) as response:
         iterator = response.iter_lines()
