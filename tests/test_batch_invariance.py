@@ -20,6 +20,10 @@ from infer.engine.runtime.engine import Engine, EngineConfig
 from infer.engine.runtime.request import Request
 from infer.engine.sampling import SamplingParams
 
+# One test worker compiles and runs the CPU kernel tests: beside each other on two workers, a cold
+# run (a fresh clone) compiled the same K-quant kernels twice at once (pytest-xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("cpu_kernels")
+
 pytest_plugins = ["conftest_synthetic"]
 
 SLOTS = 64

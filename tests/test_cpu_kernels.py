@@ -15,6 +15,10 @@ from gguf import quants as gguf_quants
 
 from infer.engine.backends.cpu_kernels import KERNELS, cpu_features, legacy, quantize_activations, simd_int8
 
+# One test worker compiles and runs the CPU kernel tests: beside each other on two workers, a cold
+# run (a fresh clone) compiled the same K-quant kernels twice at once (pytest-xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("cpu_kernels")
+
 pytest_plugins = ["conftest_synthetic"]  # tiny_gguf
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "F16", "BF16", "F32")

@@ -12,6 +12,10 @@ from numba import njit
 from infer.engine.backends.cpu_kernels.bits import half_to_f32
 from infer.engine.backends.cpu_kernels.kquants import KQUANT_KERNELS
 
+# One test worker compiles and runs the CPU kernel tests: beside each other on two workers, a cold
+# run (a fresh clone) compiled the same K-quant kernels twice at once (pytest-xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("cpu_kernels")
+
 TYPES = ["Q4_K", "Q5_K", "Q6_K"]
 N_OUT = 45  # not a multiple of the kernels' rows per task: the last task is partial
 N_IN = 768  # three super-blocks

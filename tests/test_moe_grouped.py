@@ -13,6 +13,10 @@ from test_cpu_kernels_kquants import TYPES, random_blocks
 from infer.engine.backends.cpu import BlockWeight, CpuBackend
 from infer.engine.models.qwen3moe import Experts, Qwen3MoeModel
 
+# One test worker compiles and runs the CPU kernel tests: beside each other on two workers, a cold
+# run (a fresh clone) compiled the same K-quant kernels twice at once (pytest-xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("cpu_kernels")
+
 EXPERTS = 6
 HIDDEN = 512
 WIDTH = 256
