@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from infer.cli.main import app
 from infer.cli.serve.app import AppOptions, create_app
+from infer.cli.serve.responses_schema import ResponsesRequest
 from infer.engine.runtime.engine import EngineConfig, load_engine
 from infer.profiles.settings import resolve_settings
 
@@ -246,3 +247,28 @@ def test_unknown_reasoning_parser_exits_2() -> None:
     result = CliRunner().invoke(app, ["serve", "-m", "/nonexistent.gguf", "--reasoning-parser", "nope"])
     assert result.exit_code == 2
     assert "--reasoning-parser must be one of" in result.output and "think" in result.output
+
+
+def test_reasoning_input_items_become_the_turns_reasoning_content() -> None:
+    body = ResponsesRequest.model_validate(
+        {
+            "input": [
+                {"role": "user", "content": "Hi"},
+                {
+                    "type": "reasoning",
+                    "id": "rs_1",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": "a"}],
+                },
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hey"}]},
+                {"role": "user", "content": "Weather?"},
+                {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "b"}]},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+                {"type": "reasoning", "id": "rs_3", "summary": [], "encrypted_content": "opaque"},
+            ]
+        }
+    )
+    messages = body.chat_messages()
+    assert messages[1] == {"role": "assistant", "content": "Hey", "reasoning_content": "a"}
+    assert messages[3]["reasoning_content"] == "b" and messages[3]["tool_calls"][0]["id"] == "c1"
+    assert len(messages) == 4  # a reasoning item with only encrypted content hands nothing over
