@@ -75,6 +75,16 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "with_generic_tool_prompt": ("text.tool_calls", "with_generic_tool_prompt"),
     "FunctionSchema": ("grammar.tools", "FunctionSchema"),
     "tool_call_grammar": ("grammar.tools", "tool_call_grammar"),
+    # reasoning blocks
+    "REASONING_PARSERS": ("text.reasoning", "REASONING_PARSERS"),
+    "ReasoningSplitter": ("text.reasoning", "ReasoningSplitter"),
+    "ReasoningPiece": ("text.reasoning", "ReasoningPiece"),
+    "ContentPiece": ("text.reasoning", "ContentPiece"),
+    "ThinkingStart": ("text.reasoning", "ThinkingStart"),
+    "THINK_MARKERS": ("text.reasoning", "THINK_MARKERS"),
+    "THINK_CLOSE": ("text.reasoning", "THINK_CLOSE"),
+    "splits_reasoning": ("text.reasoning", "splits_reasoning"),
+    "thinking_start": ("text.reasoning", "thinking_start"),
     # the backend choice and what a backend sets up
     "BACKEND_CLASSES": ("backends", "BACKEND_CLASSES"),
     "BACKEND_NAMES": ("backends", "BACKEND_NAMES"),

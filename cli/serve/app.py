@@ -80,6 +80,8 @@ class AppOptions:
     """Larger request bodies are refused (413), counted as they arrive (cli/serve/limits.py)."""
     tool_call_parser: str | None = None
     """The call syntax replies are read in (`--tool-call-parser`; None: the template's)."""
+    reasoning_parser: str = "auto"
+    """Whether replies' `<think>` blocks are split into reasoning (`--reasoning-parser`)."""
     log_format: LogFormat = "text"
     """The access log's lines: `text` or `json` (cli/serve/access_log.py)."""
     quiet: bool = False
@@ -101,6 +103,7 @@ def create_app(engine: Engine, settings: Settings, options: AppOptions) -> FastA
         aliases=options.aliases,
         accept_any_model=options.accept_any_model,
         tool_call_parser=options.tool_call_parser,
+        reasoning_parser=options.reasoning_parser,
     )
 
     @asynccontextmanager

@@ -113,6 +113,11 @@ def serve(settings: Settings, options: ServeOptions) -> None:
         if options.tool_call_parser not in TOOL_CALL_PARSERS:
             names = ", ".join(TOOL_CALL_PARSERS)
             fail(f"--tool-call-parser must be one of {names} (got {options.tool_call_parser!r})")
+    from infer.engine import REASONING_PARSERS  # a stdlib-only module, like TOOL_CALL_PARSERS's
+
+    if options.reasoning_parser not in REASONING_PARSERS:
+        names = ", ".join(REASONING_PARSERS)
+        fail(f"--reasoning-parser must be one of {names} (got {options.reasoning_parser!r})")
     if options.log_format not in LOG_FORMATS:
         fail(f"--log-format must be one of {', '.join(LOG_FORMATS)} (got {options.log_format!r})")
     if is_remote(settings):  # a proxy in front of another server is not what serve is for
@@ -133,6 +138,7 @@ def serve(settings: Settings, options: ServeOptions) -> None:
             api_key=options.api_key or None,
             max_body_bytes=int(options.max_body_mb * 2**20),
             tool_call_parser=options.tool_call_parser,
+            reasoning_parser=options.reasoning_parser,
             log_format=options.log_format,  # type: ignore[arg-type]  # checked above
             quiet=options.quiet,
             webui=options.webui,

@@ -21,6 +21,13 @@ from fastapi.responses import JSONResponse, Response
 from infer.cli.serve.bridge import RETRY_AFTER, SHUTDOWN_MESSAGE, until_disconnect
 from infer.cli.serve.context import ServeContext, new_id
 from infer.cli.serve.errors import SERVER_ERROR, APIError, error_body
+from infer.cli.serve.reasoning import (
+    ReasoningDelta,
+    ReplyPart,
+    ReplyReader,
+    shown_marker_ids,
+    with_constraint,
+)
 from infer.cli.serve.schemas import (
     INVALID_GRAMMAR,
     ChatCompletionRequest,
@@ -28,11 +35,12 @@ from infer.cli.serve.schemas import (
     is_constraint_param,
 )
 from infer.cli.serve.sse import DONE, SSEResponse, finite_or_none, sse_data
-from infer.cli.serve.tools import ContentDelta, ReplyDelta, ReplySplitter, finish_reason
+from infer.cli.serve.tools import ContentDelta, finish_reason
 from infer.engine import (
     CallSyntax,
     DoneEvent,
     RequestStream,
+    ThinkingStart,
     TokenEvent,
     Tokenizer,
     merge_spec_counters,
@@ -189,15 +197,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     ctx.check_model(body.model)
     body.check_supported()
     ids, plan = await ctx.tool_prompt(body.chat_messages(), body.tool_choice_of())
+    thinking = ctx.thinking_of(ids)
+    if thinking is not None:
+        body.show_special(shown_marker_ids(ctx.engine.tokenizer))
     if plan is not None:
         body.use_tool_grammar(
-            lambda exclusive: plan.grammar(exclusive=exclusive), plan.shown_special_ids(ctx.engine.tokenizer)
+            lambda exclusive: plan.grammar(exclusive=exclusive, thinking=thinking),
+            plan.shown_special_ids(ctx.engine.tokenizer),
         )
     parser = plan.syntax if plan is not None and plan.parses else None
     completion_id = new_id("chatcmpl-")
-    _, seed, streams = await ctx.start(
+    requests, seed, streams = await ctx.start(
         body, [ids], choices=body.n, id_prefix=completion_id, prompt_param="messages"
     )
+    starts = with_constraint(thinking, requests[0].grammar)  # how the reply is read
     head = {
         "id": completion_id,
         "created": int(time.time()),
@@ -211,7 +224,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = _chat_chunks(
-            ctx, streams, head, formatter, len(ids), include_usage, body.return_token_ids, parser
+            ctx, streams, head, formatter, len(ids), include_usage, body.return_token_ids, parser, starts
         )
         return SSEResponse(chunks, on_close=lambda: ctx.bridge.release(streams))
 
@@ -223,18 +236,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         if formatter is not None:
             logprobs = {"content": [formatter.chat(t) for t in result.tokens], "refusal": None}
         message: dict[str, Any] = {"role": "assistant", "content": result.done.text, "refusal": None}
-        splitter = ReplySplitter(parser) if parser is not None else None
-        if splitter is not None:
-            splitter.feed(result.done.text)
-            splitter.finish()
-            message["content"] = splitter.text
-            if splitter.calls:
-                message["tool_calls"] = [call.openai() for call in splitter.calls]
+        reader = ReplyReader(starts, parser) if parser is not None or starts is not None else None
+        if reader is not None:
+            reader.feed(result.done.text)
+            reader.finish()
+            message["content"] = reader.content
+            if starts is not None:
+                message["reasoning_content"] = reader.reasoning
+            if reader.calls:
+                message["tool_calls"] = [call.openai() for call in reader.calls]
         choice = {
             "index": index,
             "message": message,
             "logprobs": logprobs,
-            "finish_reason": finish_reason(result.done.finish_reason, splitter),
+            "finish_reason": finish_reason(result.done.finish_reason, reader.tools if reader else None),
         }
         if body.return_token_ids:
             choice["token_ids"] = list(result.done.token_ids)
@@ -262,9 +277,11 @@ async def _chat_chunks(
     include_usage: bool,
     token_ids: bool = False,
     parser: CallSyntax | None = None,
+    thinking: ThinkingStart | None = None,
 ) -> AsyncIterator[bytes]:
     head = {**head, "object": "chat.completion.chunk"}
-    splitters = [ReplySplitter(parser) if parser is not None else None for _ in streams]
+    reads = parser is not None or thinking is not None
+    readers = [ReplyReader(thinking, parser) if reads else None for _ in streams]
     usage_field = {"usage": None} if include_usage else {}
     pending_ids: list[list[int]] = [[] for _ in streams]
 
@@ -292,8 +309,8 @@ async def _chat_chunks(
                 if formatter is not None:
                     pending[index].append(formatter.chat(event))
                 if event.text:  # a token without text yet (half a character) sends nothing
-                    splitter = splitters[index]
-                    deltas = [ContentDelta(event.text)] if splitter is None else splitter.feed(event.text)
+                    reader = readers[index]
+                    deltas = [ContentDelta(event.text)] if reader is None else reader.feed(event.text)
                     for delta in _reply_chunks(deltas):
                         yield chunk(index, delta, None, pending[index] if formatter else None)
                         pending[index] = []
@@ -303,24 +320,27 @@ async def _chat_chunks(
                 yield DONE
                 return
             dones.append(event)
-            splitter = splitters[index]
-            if splitter is not None:
-                for delta in _reply_chunks(splitter.finish()):
+            reader = readers[index]
+            if reader is not None:
+                for delta in _reply_chunks(reader.finish()):
                     yield chunk(index, delta, None, pending[index] if formatter else None)
                     pending[index] = []
-            reason = finish_reason(event.finish_reason, splitter)
+            reason = finish_reason(event.finish_reason, reader.tools if reader else None)
             yield chunk(index, {}, reason, (pending[index] or None) if formatter else None)
     if include_usage:
         yield sse_data({**head, "choices": [], "usage": usage_of(dones, [prompt_tokens])})
     yield DONE
 
 
-def _reply_chunks(deltas: Sequence[ReplyDelta]) -> list[dict[str, Any]]:
-    """The chat `delta` objects for content and calls: a call is two chunks, its id and name with
-    empty arguments, then the arguments (as OpenAI streams a call: the name first, the arguments
-    in pieces after it)."""
+def _reply_chunks(deltas: Sequence[ReplyPart]) -> list[dict[str, Any]]:
+    """The chat `delta` objects for reasoning (`reasoning_content`, as llama-server and vLLM send
+    it), content and calls: a call is two chunks, its id and name with empty arguments, then the
+    arguments (as OpenAI streams a call: the name first, the arguments in pieces after it)."""
     out: list[dict[str, Any]] = []
     for delta in deltas:
+        if isinstance(delta, ReasoningDelta):
+            out.append({"reasoning_content": delta.text})
+            continue
         if isinstance(delta, ContentDelta):
             out.append({"content": delta.text})
             continue

@@ -15,6 +15,7 @@ from typing import Any
 
 from infer.cli.serve.bridge import EngineBridge
 from infer.cli.serve.errors import APIError
+from infer.cli.serve.reasoning import thinking_for_prompt
 from infer.cli.serve.schemas import INVALID_GRAMMAR, Generation, is_constraint_param
 from infer.cli.serve.tools import ToolChoice, ToolPlan, plan_tools, tools_free
 from infer.engine import (
@@ -26,8 +27,10 @@ from infer.engine import (
     RequestError,
     RequestStream,
     TemplateSandbox,
+    ThinkingStart,
     chat_template_of,
     prompt_ids,
+    splits_reasoning,
     syntax_for_template,
     syntax_named,
     template_renders_tools,
@@ -95,6 +98,8 @@ class ServeContext:
     loop's default threads, so requests that wait for hostile grammars never delay the ones without."""
     tool_call_parser: str | None = None
     """`--tool-call-parser`: the call syntax replies are read in (None: the one the template teaches)."""
+    reasoning_parser: str = "auto"
+    """`--reasoning-parser`: auto (split `<think>` blocks when the template writes them), think, none."""
     created: int = field(default_factory=lambda: int(time.time()))
     """When the model was loaded (the /v1/models `created` field)."""
 
@@ -192,6 +197,20 @@ class ServeContext:
         except ChatTemplateError:
             return False, syntax_named(GENERIC_TOOL_SYNTAX)
         return template_renders_tools(tokenizer, self.sandbox), syntax_for_template(template)
+
+    def thinking_of(self, prompt: Sequence[int]) -> ThinkingStart | None:
+        """How a reply to the chat `prompt` starts (outside or inside a thinking block), or None
+        when replies are not split into reasoning and content (cli/serve/reasoning.py)."""
+        return thinking_for_prompt(self._splits_reasoning, self.engine.tokenizer, prompt)
+
+    @functools.cached_property
+    def _splits_reasoning(self) -> bool:
+        """Whether replies are split, from `reasoning_parser` and the model's template (once)."""
+        try:
+            template: str | None = chat_template_of(self.engine.tokenizer)
+        except ChatTemplateError:
+            template = None
+        return splits_reasoning(self.reasoning_parser, template)
 
     async def text_prompt(self, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:
         """Token ids of a raw prompt (text, or ids checked against the vocabulary)."""

@@ -59,6 +59,8 @@ class ChatMessageOut(_Open):
     content: Optional[str]
     tool_calls: Optional[list[dict[str, Any]]] = None
     """The calls the reply made (`{id, type: function, function: {name, arguments}}`), when any."""
+    reasoning_content: Optional[str] = None
+    """The reply's thinking (its `<think>` block), when replies are split (`--reasoning-parser`)."""
 
 
 class ChatChoice(_Open):

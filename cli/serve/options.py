@@ -52,6 +52,14 @@ class ServeOptions:
         "aliases qwen, qwen3, llama3, granite); default: the syntax the model's chat template teaches "
         "(hermes for a template that cannot render tools).",
     )
+    reasoning_parser: str = option(
+        "auto",
+        "--reasoning-parser",
+        metavar="NAME",
+        help="How replies' thinking is read: auto (split `<think>` blocks into reasoning_content when "
+        "the chat template writes them), think (always; aliases qwen3, deepseek_r1), none (all text "
+        "is content).",
+    )
     log_format: str = option(
         "text",
         "--log-format",

@@ -1,5 +1,10 @@
 """POST /v1/responses: OpenAI's Responses API for one text message out, whole or streamed.
 
+A reply split into reasoning and content (cli/serve/reasoning.py) puts a `reasoning` output item
+(`content: [{"type": "reasoning_text", ...}]`, `summary: []`) before the message and the calls; its
+stream is `response.output_item.added`, `response.content_part.added`, `response.reasoning_text.delta`,
+`response.reasoning_text.done`, `response.content_part.done`, `response.output_item.done`.
+
 A stream is the typed event sequence OpenAI sends: `response.created`, `response.in_progress`,
 `response.output_item.added`, `response.content_part.added`, `response.output_text.delta` (only for
 tokens that add text), `response.output_text.done`, `response.content_part.done`,
@@ -19,9 +24,16 @@ from fastapi.responses import JSONResponse, Response
 
 from infer.cli.serve.completions import LogprobFormatter, failure_error, run_whole, speculation_of
 from infer.cli.serve.context import ServeContext, new_id
+from infer.cli.serve.reasoning import (
+    ReasoningDelta,
+    ReplyPart,
+    ReplyReader,
+    shown_marker_ids,
+    with_constraint,
+)
 from infer.cli.serve.responses_schema import ResponsesRequest
 from infer.cli.serve.sse import SSEResponse, sse_event
-from infer.cli.serve.tools import CallDelta, ContentDelta, FunctionTool, ReplyDelta, ReplySplitter, ToolChoice
+from infer.cli.serve.tools import CallDelta, ContentDelta, FunctionTool, ToolChoice
 from infer.engine import DoneEvent, RequestStream, SamplingParams, TokenEvent
 
 router = APIRouter()
@@ -42,6 +54,7 @@ class _ResponseBuilder:
         self.id = response_id
         self.choice = choice
         self.message_id = new_id("msg_")
+        self.reasoning_id = new_id("rs_")
         self.created_at = time.time()
         self.body = body
         self.ctx = ctx
@@ -63,6 +76,22 @@ class _ResponseBuilder:
             "status": status,
             "content": content,
         }
+
+    def reasoning(self, text: str, status: str) -> dict[str, Any]:
+        """The `reasoning` item (its text as one `reasoning_text` part; none while in progress)."""
+        content = [self.reasoning_part(text)] if status != "in_progress" else []
+        return {
+            "id": self.reasoning_id,
+            "type": "reasoning",
+            "summary": [],
+            "content": content,
+            "status": status,
+        }
+
+    @staticmethod
+    def reasoning_part(text: str) -> dict[str, Any]:
+        """A `reasoning_text` content part."""
+        return {"type": "reasoning_text", "text": text}
 
     def part(self, text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
         """An `output_text` content part."""
@@ -153,19 +182,25 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     body.check_supported()
     choice = body.tool_choice_of()
     ids, plan = await ctx.tool_prompt(body.chat_messages(), choice, param="input")
+    thinking = ctx.thinking_of(ids)
+    if thinking is not None:
+        body.show_special(shown_marker_ids(ctx.engine.tokenizer))
     if plan is not None:
         body.use_tool_grammar(
-            lambda exclusive: plan.grammar(exclusive=exclusive), plan.shown_special_ids(ctx.engine.tokenizer)
+            lambda exclusive: plan.grammar(exclusive=exclusive, thinking=thinking),
+            plan.shown_special_ids(ctx.engine.tokenizer),
         )
-    splitter = ReplySplitter(plan.syntax) if plan is not None and plan.parses else None
     response_id = new_id("resp_")
     requests, seed, streams = await ctx.start(
         body, [ids], choices=1, id_prefix=response_id, prompt_param="input"
     )
+    starts = with_constraint(thinking, requests[0].grammar)  # how the reply is read
+    syntax = plan.syntax if plan is not None and plan.parses else None
+    reader = ReplyReader(starts, syntax) if syntax is not None or starts is not None else None
     builder = _ResponseBuilder(response_id, ctx, body, requests[0].sampling, seed, choice)
     formatter = LogprobFormatter(ctx.engine.tokenizer) if body.wants_logprobs() else None
     if body.stream:
-        events = _response_events(ctx, streams[0], builder, formatter, splitter)
+        events = _response_events(ctx, streams[0], builder, formatter, reader)
         return SSEResponse(events, on_close=lambda: ctx.bridge.release(streams))
 
     (result,) = await run_whole(ctx, request, streams)
@@ -173,13 +208,16 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     logprobs = [formatter.chat(t) for t in result.tokens] if formatter else None
     status = _final_status(result.done)
     item_status = "completed" if status == "completed" else "incomplete"
-    if splitter is None:
+    if reader is None:
         output = [builder.message(result.done.text, item_status, logprobs)]
     else:
-        splitter.feed(result.done.text)
-        splitter.finish()
-        output = [builder.message(splitter.text, item_status, logprobs)] if splitter.text else []
-        output += [function_call_item(call) for call in splitter.calls]
+        reader.feed(result.done.text)
+        reader.finish()
+        reasoning = reader.reasoning
+        output = [builder.reasoning(reasoning, item_status)] if reasoning is not None else []
+        if reader.tools is None or reader.content:  # without tools, always a message
+            output.append(builder.message(reader.content or "", item_status, logprobs))
+        output += [function_call_item(call) for call in reader.calls]
     return JSONResponse(builder.response(status, output, result.done))
 
 
@@ -188,11 +226,12 @@ async def _response_events(
     stream: RequestStream,
     builder: _ResponseBuilder,
     formatter: LogprobFormatter | None,
-    splitter: ReplySplitter | None = None,
+    reader: ReplyReader | None = None,
 ) -> AsyncIterator[bytes]:
-    """The typed events of one response. Without tools the message item opens at once; with them
-    it opens at the first content text, and each call is a `function_call` item (added, its
-    arguments as a delta, done) in output order."""
+    """The typed events of one response. Without a reader (no tools, no reasoning) the message item
+    opens at once; with one it opens at the first content text (without tools, at the end if there
+    was none), a `reasoning` item before it holds the reasoning, and each call is a `function_call`
+    item (added, its arguments as a delta, done) in output order."""
     sequence = 0
 
     def event(kind: str, **data: Any) -> bytes:
@@ -203,6 +242,8 @@ async def _response_events(
 
     output: list[dict[str, Any]] = []
     message_index: int | None = None
+    reasoning_index: int | None = None
+    reasoning: list[str] = []
     pending: list[dict[str, Any]] = []
     all_logprobs: list[dict[str, Any]] = []
     text: list[str] = []
@@ -236,6 +277,34 @@ async def _response_events(
             event("response.output_item.done", output_index=message_index, item=item),
         ]
 
+    def reasoning_at() -> dict[str, Any]:
+        return {"item_id": builder.reasoning_id, "output_index": reasoning_index, "content_index": 0}
+
+    def reasoning_events(delta: ReasoningDelta) -> list[bytes]:
+        nonlocal reasoning_index
+        out: list[bytes] = []
+        if reasoning_index is None:
+            reasoning_index = len(output)
+            output.append(builder.reasoning("", "in_progress"))
+            out += [
+                event("response.output_item.added", output_index=reasoning_index, item=output[-1]),
+                event("response.content_part.added", **reasoning_at(), part=builder.reasoning_part("")),
+            ]
+        reasoning.append(delta.text)
+        return [*out, event("response.reasoning_text.delta", **reasoning_at(), delta=delta.text)]
+
+    def close_reasoning(status: str = "completed") -> list[bytes]:
+        """The reasoning item's done events, once (when the content or a call starts, or at the end)."""
+        if reasoning_index is None or output[reasoning_index]["status"] != "in_progress":
+            return []
+        full = "".join(reasoning)
+        item = output[reasoning_index] = builder.reasoning(full, status)
+        return [
+            event("response.reasoning_text.done", **reasoning_at(), text=full),
+            event("response.content_part.done", **reasoning_at(), part=builder.reasoning_part(full)),
+            event("response.output_item.done", output_index=reasoning_index, item=item),
+        ]
+
     def call_events(delta: CallDelta) -> list[bytes]:
         index = len(output)
         item = function_call_item(delta)
@@ -252,10 +321,14 @@ async def _response_events(
             event("response.output_item.done", output_index=index, item=item),
         ]
 
-    def deltas_events(deltas: list[ReplyDelta]) -> list[bytes]:
+    def deltas_events(deltas: list[ReplyPart]) -> list[bytes]:
         nonlocal pending
         out: list[bytes] = []
         for delta in deltas:
+            if isinstance(delta, ReasoningDelta):
+                out += reasoning_events(delta)
+                continue
+            out += close_reasoning()
             if isinstance(delta, CallDelta):
                 out += call_events(delta)
                 continue
@@ -276,7 +349,7 @@ async def _response_events(
 
     yield event("response.created", response=builder.response("in_progress", []))
     yield event("response.in_progress", response=builder.response("in_progress", []))
-    if splitter is None:
+    if reader is None:
         for chunk in open_message():
             yield chunk
     async with aclosing(ctx.bridge.events([stream])) as events:
@@ -287,7 +360,7 @@ async def _response_events(
                     pending.append(entry)
                     all_logprobs.append(entry)
                 if item.text:  # never an empty delta: a token without text waits for one that has it
-                    deltas = [ContentDelta(item.text)] if splitter is None else splitter.feed(item.text)
+                    deltas = [ContentDelta(item.text)] if reader is None else reader.feed(item.text)
                     for chunk in deltas_events(deltas):
                         yield chunk
                 continue
@@ -297,12 +370,19 @@ async def _response_events(
         error = {"code": "server_error", "message": failure.message}
         yield event("error", code=failure.code, message=failure.message, param=None)
         partial = builder.message("".join(text), "incomplete", all_logprobs if formatter else None)
-        yield event("response.failed", response=builder.response("failed", [partial], done, error))
+        thought = [builder.reasoning("".join(reasoning), "incomplete")] if reasoning else []
+        yield event("response.failed", response=builder.response("failed", [*thought, partial], done, error))
         return
-    if splitter is not None:
-        for chunk in deltas_events(splitter.finish()):
-            yield chunk
     status = _final_status(done)
-    for chunk in close_message("completed" if status == "completed" else "incomplete"):
+    item_status = "completed" if status == "completed" else "incomplete"
+    if reader is not None:
+        for chunk in deltas_events(reader.finish()):
+            yield chunk
+        for chunk in close_reasoning(item_status):
+            yield chunk
+        if reader.tools is None and message_index is None:  # without tools, always a message
+            for chunk in open_message():
+                yield chunk
+    for chunk in close_message(item_status):
         yield chunk
     yield event(f"response.{status}", response=builder.response(status, output, done))

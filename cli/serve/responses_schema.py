@@ -109,7 +109,9 @@ class ResponsesRequest(Generation):
     def chat_messages(self) -> list[dict[str, Any]]:
         """`instructions` and `input` as chat messages: `function_call` items become the
         `tool_calls` of an assistant turn (consecutive calls one turn), `function_call_output`
-        items `tool` turns. Raises APIError for another item type."""
+        items `tool` turns, a `reasoning` item the `reasoning_content` of the assistant turn it
+        starts (templates that keep past reasoning write it). Raises APIError for another item
+        type."""
         messages: list[dict[str, Any]] = []
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
@@ -121,6 +123,11 @@ class ResponsesRequest(Generation):
         for i, item in enumerate(self.input):
             if item.type == "function_call":
                 messages.append(_call_turn(item, i, messages))
+                continue
+            if item.type == "reasoning":
+                reasoning = _reasoning_text(item, i)
+                if reasoning:  # an item with only encrypted content has nothing to hand over
+                    messages.append({"role": "assistant", "content": "", "reasoning_content": reasoning})
                 continue
             if item.type == "function_call_output":
                 if item.call_id is None or item.output is None:
@@ -137,8 +144,34 @@ class ResponsesRequest(Generation):
                     param=f"input.{i}",
                 )
             content = _joined(item.content, i) if isinstance(item.content, list) else item.content
+            if item.role == "assistant" and _only_reasoning(messages):
+                messages[-1] = {**messages[-1], "content": content or ""}
+                continue
             messages.append({"role": item.role, "content": content or ""})
         return messages
+
+
+def _reasoning_text(item: InputItem, i: int) -> str:
+    """A `reasoning` item's text: its `reasoning_text` parts, or else its `summary_text` parts."""
+    parts = item.content if isinstance(item.content, list) else []
+    texts = [p.text for p in parts if p.type == "reasoning_text" and p.text is not None]
+    if not texts:
+        summary = (item.model_extra or {}).get("summary")
+        if summary is not None and not isinstance(summary, list):
+            raise APIError(f"input item {i} (reasoning): summary must be a list", param=f"input.{i}.summary")
+        texts = [
+            p["text"]
+            for p in summary or []
+            if isinstance(p, dict) and p.get("type") == "summary_text" and isinstance(p.get("text"), str)
+        ]
+    return "\n".join(texts)
+
+
+def _only_reasoning(messages: list[dict[str, Any]]) -> bool:
+    """Whether the last turn is an assistant turn holding only reasoning (a `reasoning` item), which
+    the assistant message after it completes."""
+    last = messages[-1] if messages else {}
+    return last.get("role") == "assistant" and "reasoning_content" in last and not last.get("content")
 
 
 def _joined(parts: list[InputPart], i: int) -> str:

@@ -209,7 +209,11 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         400 for a refused schema); `exclusive` is False when the body asks for another constraint.
         `shown_special`: control tokens (call markers) the reply renders as text."""
         self._tool_grammar = make
-        self._shown_special = shown_special
+        self.show_special(shown_special)
+
+    def show_special(self, ids: tuple[int, ...]) -> None:
+        """Render these control tokens as text in the reply (markers a reader must see)."""
+        self._shown_special = tuple(sorted({*self._shown_special, *ids}))
 
     def format_spec_given(self) -> bool:
         """Whether the route's own format field asks for a constraint (not free text)."""

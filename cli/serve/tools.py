@@ -13,7 +13,8 @@ completions and responses.
   (`with_generic_tool_prompt`), and replies are read with the hermes parser.
 - `required` and a named function generate under the call grammar (only calls, each valid against
   its schema); `auto` under the syntax's lazy grammar (free text, and any call constrained from its
-  opening marker on); `none` neither, and nothing is parsed.
+  opening marker on); `none` neither, and nothing is parsed. With a thinking template the grammar
+  leaves the reasoning block free and applies after it (cli/serve/reasoning.py reads the block).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from infer.engine import (
     GrammarError,
     GrammarSpec,
     TextPiece,
+    ThinkingStart,
     Tokenizer,
     ToolCall,
     syntax_named,
@@ -236,17 +238,20 @@ class ToolPlan:
         """Whether replies are read for calls (not with `tool_choice: none`)."""
         return self.choice.mode != "none"
 
-    def grammar(self, *, exclusive: bool) -> GrammarSpec | None:
+    def grammar(self, *, exclusive: bool, thinking: ThinkingStart | None = None) -> GrammarSpec | None:
         """The constraint the request generates under: the call grammar for required and named, the
         lazy one for auto (None when the syntax has none, or when `exclusive` is False: another
-        output constraint was asked for, and an auto choice leaves the output to it). A schema
-        llguidance refuses is APIError 400 invalid_grammar."""
+        output constraint was asked for, and an auto choice leaves the output to it). `thinking`:
+        replies start with (or may start with) a reasoning block, which the grammar leaves free and
+        applies after. A schema llguidance refuses is APIError 400 invalid_grammar."""
         choice = self.choice
         if choice.mode == "none" or (choice.mode == "auto" and not exclusive):
             return None
         functions = [FunctionSchema(t.name, t.parameters) for t in choice.callable]
         try:
-            return tool_call_grammar(self.syntax, functions, mode=choice.mode, parallel=choice.parallel)
+            return tool_call_grammar(
+                self.syntax, functions, mode=choice.mode, parallel=choice.parallel, thinking=thinking
+            )
         except GrammarError as exc:
             raise APIError(f"tools: {exc}", param="tools", code=INVALID_GRAMMAR) from None
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from infer.engine.grammar.spec import JSON_OPTIONS, GrammarError, GrammarSpec
+from infer.engine.text.reasoning import ThinkingStart, after_thinking
 from infer.engine.text.tool_calls.base import CallSyntax
 
 
@@ -52,14 +53,19 @@ def tool_call_grammar(
     mode: Literal["required", "auto"],
     parallel: bool,
     parameter: str = "tools",
+    thinking: ThinkingStart | None = None,
 ) -> GrammarSpec | None:
     """The constraint for a tool-calling request: only calls (`required`, also a named function:
     pass just that one), or text with constrained calls (`auto`; None when `syntax` has no lazy
-    form). GrammarError (naming `parameter`) for a schema llguidance refuses or that is too large."""
+    form). `thinking`: the reply may (`closed`) or does (`open`) start with a reasoning block, which
+    stays free text and the grammar applies after it (`reasoning.after_thinking`). GrammarError
+    (naming `parameter`) for a schema llguidance refuses or that is too large."""
     if not functions:
         raise GrammarError("no function to call", parameter)
     schema = json.dumps(call_schema(functions, syntax.arguments_key), ensure_ascii=False)
     rules = syntax.lark("call", parallel) if mode == "required" else syntax.lark_auto("call", parallel)
     if rules is None:
         return None
+    if thinking is not None:
+        rules = after_thinking(rules, thinking)
     return GrammarSpec("lark", f"{rules}call: %json {schema}\n", parameter=parameter)
