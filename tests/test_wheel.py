@@ -65,7 +65,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for folder in PACKAGE_DIRS:
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     build = ["wheel", "--no-deps", "-q", "-w", str(work / "dist")]
-    if _builds_offline():
+    offline = _builds_offline()
+    if offline:
         build += ["--no-build-isolation", "--no-index"]
     done = subprocess.run(
         [sys.executable, "-m", "pip", *build, str(source)],
@@ -73,6 +74,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         text=True,
         timeout=600,
     )
+    if not offline and "satisfies the requirement setuptools" in done.stderr:
+        pytest.skip("no setuptools>=68 that builds wheels here, and pip's index cannot be reached")
     assert done.returncode == 0, done.stdout + done.stderr
     (built,) = (work / "dist").glob("infer-*.whl")
     return built
