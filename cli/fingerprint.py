@@ -75,12 +75,34 @@ def git_commit(root: Path = _REPO_ROOT) -> str | None:
     return f"{head}+dirty" if dirty else head or None
 
 
+BLAS_FIELDS: tuple[str, ...] = ("vendor", "version", "architecture", "threading_layer", "threads")
+"""What the fingerprint records of each BLAS library, in the order its entries are sorted by."""
+
+
+def _blas_key(entry: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple("" if entry.get(field) is None else str(entry.get(field)) for field in BLAS_FIELDS)
+
+
+def canonical_blas(entries: Any) -> Any:
+    """BLAS entries in the fingerprint's canonical order (sorted by `BLAS_FIELDS`), so the same
+    libraries list the same way in every process; anything but a list of mappings as it is.
+
+    threadpoolctl lists the loaded libraries in no fixed order (on Linux it reads /proc/self/maps
+    into a set of paths, whose order follows the per-process string hash seed), and a process of the
+    cpu kernels has two (numpy's OpenBLAS and scipy's, which numba loads), so the order alone made two
+    runs on one machine differ."""
+    if not isinstance(entries, list) or not all(isinstance(entry, Mapping) for entry in entries):
+        return entries
+    return sorted(entries, key=_blas_key)
+
+
 def blas_info() -> list[dict[str, Any]]:
-    """numpy's BLAS libraries as threadpoolctl sees them: vendor, version, threads, kernel arch."""
+    """The loaded BLAS libraries as threadpoolctl sees them (numpy's, and scipy's once numba is
+    imported): vendor, version, threads, kernel arch, threading layer; in `canonical_blas` order."""
     import numpy  # noqa: F401  (threadpoolctl only sees libraries that are loaded)
     from threadpoolctl import threadpool_info
 
-    return [
+    entries = [
         {
             "vendor": info.get("internal_api"),
             "version": info.get("version"),
@@ -91,6 +113,7 @@ def blas_info() -> list[dict[str, Any]]:
         for info in threadpool_info()
         if info.get("user_api") == "blas"
     ]
+    return canonical_blas(entries)
 
 
 @lru_cache(maxsize=1)
@@ -184,24 +207,35 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
+def _canonical(fingerprint: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`fingerprint` with its BLAS list in `canonical_blas` order (fingerprints recorded before that
+    order was fixed list the same libraries in either order)."""
+    if "blas" not in fingerprint:
+        return fingerprint
+    return {**fingerprint, "blas": canonical_blas(fingerprint["blas"])}
+
+
 def fingerprint_leaves(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     """Every leaf of a fingerprint by the dotted key `fingerprint_diff` names it with
-    (`cpu.model`, `blas[0].threads`)."""
-    return _flatten(fingerprint)
+    (`cpu.model`, `blas[0].threads`; BLAS entries in `canonical_blas` order)."""
+    return _flatten(_canonical(fingerprint))
 
 
 def fingerprint_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(dotted key, stored value, current value) for every leaf that differs, sorted by key.
 
-    Lists of scalars (CPU flags) compare as wholes; lists of mappings (BLAS libraries) by index.
+    Lists of scalars (CPU flags) compare as wholes; lists of mappings (BLAS libraries) by index, both
+    sides in `canonical_blas` order, so the same libraries listed in another order are no difference.
     """
-    a, b = _flatten(stored), _flatten(current)
+    a, b = fingerprint_leaves(stored), fingerprint_leaves(current)
     return [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
 
 
 __all__ = [
+    "BLAS_FIELDS",
     "SIMD_FLAG_PREFIXES",
     "blas_info",
+    "canonical_blas",
     "cpu_info",
     "environment_fingerprint",
     "fingerprint_diff",

@@ -4,8 +4,14 @@ In-process: the routes, their headers, `--no-webui`, the API key. In a real brow
 `chromium` through Playwright's Python package, never a downloaded browser) against a real `infer serve`
 on the default model: text appears while the reply streams, Stop frees the sequence (/metrics), a
 reload keeps the conversation, the sampler settings and the JSON schema reach the server, regenerate
-and edit-and-resend, keyboard only, phone width, and hostile Markdown runs nothing. Screenshots at
+and edit-and-resend, keyboard only, phone width, and hostile Markdown runs nothing (and that check
+fails on a renderer that lets HTML through); the browser enforces the page's policy. Screenshots at
 desktop and phone width go to `artifacts/webui/` (or `$INFER_ARTIFACTS/webui/`).
+
+Every browser test runs under the page's Content-Security-Policy, as a user's browser does: the waits
+are locator waits and `expect` (Playwright's utility world, untouched by the policy), never
+`wait_for_function` (its predicate is a string evaluated in the page, which the policy's missing
+'unsafe-eval' refuses), and any violation the policy reports fails the test that caused it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from infer.profiles.settings import resolve_settings
 pytest_plugins = ["conftest_synthetic"]
 
 ARTIFACTS = Path(os.environ.get("INFER_ARTIFACTS", ROOT / "artifacts")) / "webui"
+STATIC = ROOT / "cli" / "serve" / "static"
 CHROMIUM = os.environ.get("INFER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
@@ -111,21 +118,30 @@ def server(default_model_path: Path) -> Iterator[ServerProcess]:
         yield process
 
 
-class Page:
-    """A browser page on the server's chat page, failing the test on any script error."""
+REPORT_VIOLATIONS = """
+document.addEventListener("securitypolicyviolation", (event) => {
+  console.warn(`csp-violation ${event.effectiveDirective} ${event.blockedURI || "inline"}`);
+});
+"""
+"""An init script (run by the browser before the page's own, whatever the policy) that reports each
+violation of the page's Content-Security-Policy on the console, where `Page` collects it."""
 
-    def __init__(
-        self, browser: Any, url: str, viewport: dict[str, int], *, enforce_csp: bool = False
-    ) -> None:
-        # bypass_csp: Playwright's waits evaluate strings, which the page's policy forbids. The
-        # hostile-Markdown test thus checks the renderer alone, without the policy's second wall.
-        self.context = browser.new_context(viewport=viewport, bypass_csp=not enforce_csp)
+
+class Page:
+    """A browser page on the server's chat page under its Content-Security-Policy, failing the test
+    on any script error or policy violation (`close`)."""
+
+    def __init__(self, browser: Any, url: str, viewport: dict[str, int], *, bypass_csp: bool = False) -> None:
+        # bypass_csp only for the policy test's control: the same injection, run without the policy.
+        self.context = browser.new_context(viewport=viewport, bypass_csp=bypass_csp)
+        self.context.add_init_script(REPORT_VIOLATIONS)
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.dialogs: list[str] = []
-        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.violations: list[str] = []
         self.console: list[str] = []
-        self.page.on("console", lambda message: self.console.append(message.text))
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.on("console", self._on_console)
 
         def on_dialog(dialog: Any) -> None:
             self.dialogs.append(dialog.message)
@@ -134,6 +150,11 @@ class Page:
         self.page.on("dialog", on_dialog)
         self.url = url
         self.page.goto(url)
+
+    def _on_console(self, message: Any) -> None:
+        self.console.append(message.text)
+        if message.text.startswith("csp-violation "):
+            self.violations.append(message.text.removeprefix("csp-violation "))
 
     def settings(self, **values: str) -> None:
         if not self.page.is_visible("#settings"):
@@ -144,6 +165,11 @@ class Page:
 
     def wait_idle(self, timeout: float = 120) -> None:
         self.page.wait_for_selector("body:not(.busy)", timeout=timeout * 1000)
+
+    def focused(self) -> str | None:
+        """The id of the element that has the focus (None when none has), read now, without waiting."""
+        node = self.page.locator(":focus")
+        return node.first.get_attribute("id") if node.count() else None
 
     def messages(self) -> list[tuple[str, str]]:
         return [
@@ -157,9 +183,12 @@ class Page:
         self.page.screenshot(path=str(path), full_page=False)
         return path
 
-    def close(self) -> None:
+    def close(self, *, violations: bool = False) -> None:
+        """Close the tab; the test fails on a script error, and on a policy violation unless the test
+        expected some (`violations`)."""
         self.context.close()
         assert not self.errors, self.errors
+        assert violations or not self.violations, (self.violations, self.console)
 
 
 def _metric(url: str, name: str, **labels: str) -> float:
@@ -183,6 +212,8 @@ def _wait_metric(url: str, name: str, want: float, timeout: float = 10, **labels
 @pytest.mark.real_model
 @pytest.mark.slow
 def test_streams_stops_frees_the_sequence_and_survives_a_reload(browser: Any, server: ServerProcess) -> None:
+    from playwright.sync_api import expect
+
     url = server.wait_ready(5)
     tab = Page(browser, url, DESKTOP)
     page = tab.page
@@ -191,17 +222,17 @@ def test_streams_stops_frees_the_sequence_and_survives_a_reload(browser: Any, se
     tab.settings(seed="1", max_tokens="400", temperature="0.8")
     page.fill("#prompt", STORY)
     page.keyboard.press("Enter")
-    reading = "() => ({busy: document.body.classList.contains('busy'), text: document.querySelector('.msg.streaming .content')?.textContent || ''})"  # noqa: E501
-    page.wait_for_function(f"({reading})().text.length > 0", timeout=60_000)
-    early = page.evaluate(reading)
-    assert early["busy"] and early["text"], early  # text on the page while the reply still streams
-    page.wait_for_function(f"({reading})().text.length > 60", timeout=60_000)
+    streaming = page.locator(".msg.streaming .content")  # the reply while it streams, and only then
+    expect(streaming).to_have_text(re.compile(r"\S"), timeout=60_000)
+    early = streaming.text_content(timeout=1_000) or ""
+    assert early.strip() and page.locator("body.busy").count() == 1, early  # text while it still streams
+    expect(streaming).to_have_text(re.compile(r"[\s\S]{61}"), timeout=60_000)  # over 60 characters
     assert page.is_visible("#stop") and not page.is_visible("#send")
     page.click("#stop")
     tab.wait_idle(30)
     stopped = page.inner_text(".msg.assistant .content")
     whole = page.text_content(".msg.assistant .content") or ""
-    assert early["text"].strip()[:10] in whole and len(whole) > len(early["text"])
+    assert early.strip()[:10] in whole and len(whole) > len(early)
     assert "stopped" in page.inner_text(".msg.assistant .stats")
     # The server saw the disconnect: the sequence is gone and was counted as cancelled, short of 400.
     assert _wait_metric(url, "infer:num_requests_running", 0) == 0
@@ -238,15 +269,16 @@ def _request_bodies(page: Any) -> list[dict[str, Any]]:
 def test_keyboard_settings_regenerate_edit_and_schema_at_phone_width(
     browser: Any, server: ServerProcess
 ) -> None:
+    from playwright.sync_api import expect
+
     url = server.wait_ready(5)
     tab = Page(browser, url, PHONE)
     page = tab.page
     bodies = _request_bodies(page)
-    focused = "document.activeElement.id"
-    assert page.evaluate(focused) == "prompt"  # ready to type on load
+    expect(page.locator("#prompt")).to_be_focused()  # ready to type on load
     # Settings by keyboard alone: back to the settings button, Enter, then Tab from field to field.
     page.keyboard.press("Shift+Tab")
-    assert page.evaluate(focused) == "toggle-settings"
+    expect(page.locator("#toggle-settings")).to_be_focused()
     page.keyboard.press("Enter")
     assert page.is_visible("#settings")
     for field, value in (
@@ -259,13 +291,13 @@ def test_keyboard_settings_regenerate_edit_and_schema_at_phone_width(
         ("seed", "7"),
     ):
         page.keyboard.press("Tab")
-        assert page.evaluate(focused) == field
+        expect(page.locator(f"#{field}")).to_be_focused()
         page.keyboard.type(value)
     for _ in range(6):  # past the schema and key boxes to the message box
         page.keyboard.press("Tab")
-        if page.evaluate(focused) == "prompt":
+        if tab.focused() == "prompt":
             break
-    assert page.evaluate(focused) == "prompt"
+    expect(page.locator("#prompt")).to_be_focused()
     page.keyboard.type("Name three colours.")
     page.keyboard.press("Enter")
     tab.wait_idle()
@@ -291,11 +323,11 @@ def test_keyboard_settings_regenerate_edit_and_schema_at_phone_width(
     page.focus("#toggle-sidebar")
     page.keyboard.press("Enter")
     page.wait_for_selector("#conversations", state="visible")
-    assert page.evaluate(focused) == "new-chat"
+    expect(page.locator("#new-chat")).to_be_focused()
     tab.screenshot("phone-conversations.png")
     page.keyboard.press("Escape")  # closes the drawer, back on its button
     page.wait_for_selector("#conversations", state="hidden")
-    assert page.evaluate(focused) == "toggle-sidebar"
+    expect(page.locator("#toggle-sidebar")).to_be_focused()
 
     # Regenerate: the same conversation and seed again, so the same reply (tokens are a function
     # of model, prompt, settings and seed).
@@ -333,7 +365,7 @@ def test_keyboard_settings_regenerate_edit_and_schema_at_phone_width(
     assert len(bodies) == count and page.input_value("#prompt") == "again"  # the text is kept
     # A setting the server refuses: its 400 message is shown in the conversation, with Retry.
     tab.settings(json_schema="", top_p="5")
-    page.keyboard.press("Enter") if page.evaluate(focused) == "prompt" else page.click("#send")
+    page.keyboard.press("Enter") if tab.focused() == "prompt" else page.click("#send")
     tab.wait_idle(30)
     error = page.inner_text(".msg.error .content")
     assert "top_p" in error, error
@@ -370,6 +402,19 @@ def _assert_inert(tab: Page) -> None:
     page.click("#messages >> text=raw anchor")  # plain text: clicking runs nothing
     page.wait_for_timeout(200)
     assert page.evaluate("window.__pwned") is None and tab.dialogs == []
+    # Nothing the policy had to stop: the renderer made no handler, script, frame or remote load.
+    assert tab.violations == [], tab.violations
+
+
+def _hostile_reply(tab: Page) -> None:
+    """Send a prompt whose reply, through the page's own streaming path, is HOSTILE."""
+    tab.page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(status=200, content_type="text/event-stream", body=_sse(HOSTILE)),
+    )
+    tab.page.fill("#prompt", "say something hostile")
+    tab.page.keyboard.press("Enter")
+    tab.wait_idle(30)
 
 
 @pytest.mark.real_model
@@ -380,14 +425,7 @@ def test_hostile_markdown_in_a_reply_executes_nothing(browser: Any, server: Serv
     page = tab.page
     fetched: list[str] = []
     page.on("request", lambda request: fetched.append(request.url))
-    # The reply comes from the page's own streaming path, with the model's words replaced by these.
-    page.route(
-        "**/v1/chat/completions",
-        lambda route: route.fulfill(status=200, content_type="text/event-stream", body=_sse(HOSTILE)),
-    )
-    page.fill("#prompt", "say something hostile")
-    page.keyboard.press("Enter")
-    tab.wait_idle(30)
+    _hostile_reply(tab)
     _assert_inert(tab)
     page.reload()  # the stored conversation goes through the same renderer
     page.wait_for_selector("#messages .msg.assistant")
@@ -395,3 +433,99 @@ def test_hostile_markdown_in_a_reply_executes_nothing(browser: Any, server: Serv
     assert not any("127.0.0.2" in u or u.startswith(("javascript:", "data:")) for u in fetched), fetched
     tab.screenshot("hostile.png")
     tab.close()
+
+
+LEAKS = {
+    "parent.append(document.createTextNode(text.slice(last, m.index)))": (
+        'parent.insertAdjacentHTML("beforeend", text.slice(last, m.index))'
+    ),
+    "parent.append(document.createTextNode(text.slice(last)))": (
+        'parent.insertAdjacentHTML("beforeend", text.slice(last))'
+    ),
+}
+"""A one-line renderer bug: markdown.js inserting a reply's plain text as HTML instead of text nodes."""
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_the_hostile_check_catches_a_renderer_that_lets_html_through(
+    browser: Any, server: ServerProcess
+) -> None:
+    leaky = (STATIC / "markdown.js").read_text()
+    for safe, unsafe in LEAKS.items():
+        assert leaky.count(safe) == 1, safe  # markdown.js changed: update LEAKS
+        leaky = leaky.replace(safe, unsafe)
+    url = server.wait_ready(5)
+    tab = Page(browser, url, DESKTOP)
+    page = tab.page
+    page.route(
+        "**/webui/markdown.js",
+        lambda route: route.fulfill(status=200, content_type="text/javascript", body=leaky),
+    )
+    page.reload()
+    _hostile_reply(tab)
+    with pytest.raises(AssertionError):
+        _assert_inert(tab)
+    assert page.locator("#messages img").count() > 0  # the model's <img onerror> became an element
+    # ... and the policy, the second wall, kept its handler from running (and was seen doing so)
+    _poll(tab, lambda: "script-src-attr inline" in tab.violations)
+    assert page.evaluate("window.__pwned") is None
+    assert "script-src-attr inline" in tab.violations, tab.violations
+    tab.close(violations=True)
+
+
+INJECT = """() => {
+  window.__ran = [];
+  const script = document.createElement("script");
+  script.textContent = "window.__ran.push('inline script')";
+  document.body.append(script);
+  const img = document.createElement("img");
+  img.setAttribute("onerror", "window.__ran.push('inline handler')");
+  img.src = "/webui/missing.png";
+  document.body.append(img);
+  setTimeout("window.__ran.push('string timer')", 0);
+}"""
+"""What a renderer bug could put into the page: an inline script, an inline event handler, code in a
+string (as `eval` does). `page.evaluate` itself runs (DevTools' calls are exempt from the policy);
+what it leaves in the page runs later, under the policy."""
+RAN = ["inline script", "inline handler", "string timer"]
+ALL_RAN = "window.__ran.length === 3"
+
+
+def _poll(tab: Page, done: Any, timeout: float = 10) -> None:
+    """Let the page run (events arrive while Playwright waits) until `done()` or the timeout."""
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        tab.page.wait_for_timeout(50)
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_the_browser_enforces_the_pages_policy(browser: Any, server: ServerProcess) -> None:
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import expect
+
+    url = server.wait_ready(5)
+    # The control: without the policy the same injection runs (so the checks below can fail), and
+    # a string predicate can be waited on.
+    loose = Page(browser, url, DESKTOP, bypass_csp=True)
+    loose.page.evaluate(INJECT)
+    loose.page.wait_for_function(ALL_RAN, timeout=10_000)
+    assert sorted(loose.page.evaluate("window.__ran")) == sorted(RAN)
+    loose.close()
+
+    tab = Page(browser, url, DESKTOP)
+    page = tab.page
+    page.evaluate(INJECT)
+    _poll(tab, lambda: len(tab.violations) >= len(RAN))
+    assert page.evaluate("window.__ran") == [], tab.console
+    assert sorted(tab.violations) == ["script-src eval", "script-src-attr inline", "script-src-elem inline"]
+    # Why no test here waits with wait_for_function: past its first try (inside DevTools' call), its
+    # predicate is a string evaluated in the page, and the policy has no 'unsafe-eval'.
+    with pytest.raises(PlaywrightError, match="unsafe-eval"):
+        page.wait_for_function(ALL_RAN, timeout=5_000)
+    # (a try already scheduled may throw the same refusal again, uncaught: a page error, not the page's)
+    tab.errors = [error for error in tab.errors if "'unsafe-eval' is not an allowed source" not in error]
+    page.click("#toggle-settings")  # while the page's own scripts run as ever
+    expect(page.locator("#settings")).to_be_visible()
+    tab.close(violations=True)
