@@ -48,7 +48,12 @@ TIME = {
     "type": "function",
     "function": {
         "name": "get_time",
-        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC"]}}},
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
     },
 }
 

@@ -4,7 +4,8 @@ requests (plain text and another tool request), and with prompt-lookup speculati
 batched. The requests are the ones `infer generate --tools` makes (`build_tool_request`: the generic
 tool prompt, the call grammar for required and named, the lazy grammar for auto).
 
-On the tiny model (fast) and on the default model (`real_model`, slow), where `auto` does call."""
+On the tiny model (fast; its random weights never start a call under `auto`) and on the default
+model (`real_model`, slow), where `auto` calls with seed 4."""
 
 from __future__ import annotations
 
@@ -84,16 +85,19 @@ def _batched(engine: Engine, requests: list[Request]) -> list[tuple[int, ...]]:
 
 
 def _check_invariance(
-    engine: Engine, make: Callable[[str, int], tuple[Request, ToolPlan]], tool_choice: str
+    engine: Engine, make: Callable[[str, int], tuple[Request, ToolPlan]], tool_choice: str, seed: int = 7
 ) -> list[dict[str, Any]]:
     """The request's ids alone == batched == with speculation (alone and batched); its calls."""
-    request, plan = make(tool_choice, 7)
+    request, plan = make(tool_choice, seed)
     neighbour, _ = make("required", 8)
     alone = engine.generate(request)
     ids = tuple(alone.token_ids)
     assert ids, alone.done
     fast = dataclasses.replace(request, spec=LOOKUP)
-    assert tuple(engine.generate(fast).token_ids) == ids, "speculation changed the tokens"
+    speculated = engine.generate(fast)
+    assert tuple(speculated.token_ids) == ids, "speculation changed the tokens"
+    if tool_choice != "auto":  # the call's JSON repeats the tool list of the prompt: drafts are made
+        assert speculated.done.counters.get("draft_tokens", 0) > 0, speculated.done.counters
     others = _others(engine, 3)
     for subject in (request, fast):
         mix = [others[0], subject, neighbour, *others[1:]]
@@ -135,7 +139,7 @@ def test_default_model_tool_requests_hold_the_contract(default_model_path: Path)
     def make(choice: str, seed: int) -> tuple[Request, ToolPlan]:
         return _tool_request(engine, default_model_path, choice, seed, 64)
 
-    for tool_choice in ("required", "get_weather", "auto"):
-        calls = _check_invariance(engine, make, tool_choice)
-        if tool_choice == "auto":
-            print("auto calls:", calls)  # the lazy grammar path is exercised when the model calls
+    _check_invariance(engine, make, "required")
+    # Seed 4: under `auto` the model writes a call (seeds 1-12: only 4 does), so the lazy grammar's
+    # trigger, and the drafts prompt lookup makes from the tool list, are on the path.
+    assert _check_invariance(engine, make, "auto", seed=4)

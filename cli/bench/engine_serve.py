@@ -20,9 +20,9 @@ from infer.cli.bench.command import record_events
 from infer.cli.bench.dataset import DatasetItem, arrival_offsets
 from infer.cli.bench.stats import BenchResult, Trace, serving_figures
 from infer.cli.serve.errors import APIError
-from infer.cli.serve.tools import read_tool_choice
+from infer.cli.serve.tools import read_tool_choice, tools_free
 from infer.cli.tool_use import ToolRequestError, build_tool_request
-from infer.engine import ChatTemplateError, Engine, Request, prompt_ids
+from infer.engine import ChatTemplateError, Engine, EngineBusy, Request, RequestError, prompt_ids
 from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
 
@@ -58,7 +58,7 @@ def _request(
         return request
     tokenizer = engine.tokenizer
     if api == "chat":
-        ids = prompt_ids(tokenizer, messages=item.as_messages())
+        ids = prompt_ids(tokenizer, messages=tools_free(item.as_messages()))  # as the server hands them
     else:
         ids = prompt_ids(tokenizer, prompt=item.prompt)
     request = build_request(ids, settings, max_tokens=limit, ignore_eos=True, seed=seed)
@@ -81,9 +81,12 @@ def _run(
         request = dataclasses.replace(requests[index], request_id=f"{requests[index].request_id}-{tag}")
         if gate is not None:
             gate.acquire()
+        trace = traces[index]
         try:
-            traces[index].submitted = time.perf_counter()
-            record_events(traces[index], engine.submit(request))
+            trace.submitted = time.perf_counter()
+            record_events(trace, engine.submit(request))
+        except (RequestError, EngineBusy) as exc:  # recorded as a failed request, as a server's 4xx/503
+            trace.error, trace.done = str(exc), time.perf_counter()
         finally:
             if gate is not None:
                 gate.release()
