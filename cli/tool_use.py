@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +39,36 @@ from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
 
 
-def read_tools(path: Path) -> list[Any]:
-    """The tools of `path`: a JSON list of OpenAI function tools, or an object with a `tools` list."""
+class ToolRequestError(ValueError):
+    """A tools file or a chat with tools that cannot be used; the message is one line."""
+
+
+def load_tools(path: Path) -> list[Any]:
+    """The tools of `path`: a JSON list of OpenAI function tools, or an object with a `tools` list
+    (ToolRequestError naming the file otherwise)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        fail(f"{path}: cannot read the tools ({exc})")
+        raise ToolRequestError(f"{path}: cannot read the tools ({exc})") from None
     if isinstance(data, dict) and isinstance(data.get("tools"), list):
         data = data["tools"]
     if not isinstance(data, list) or not data:
-        fail(f'{path}: expected a JSON list of tools ({{"type": "function", "function": {{...}}}})')
+        raise ToolRequestError(
+            f'{path}: expected a JSON list of tools ({{"type": "function", "function": {{...}}}})'
+        )
     return data
 
 
-def _choice_value(tool_choice: str | None) -> str | dict[str, Any] | None:
-    """`--tool-choice`: none, auto, required, or a function's name."""
+def read_tools(path: Path) -> list[Any]:
+    """`load_tools` for `--tools` (exit 2 on bad input)."""
+    try:
+        return load_tools(path)
+    except ToolRequestError as exc:
+        fail(str(exc))
+
+
+def tool_choice_value(tool_choice: str | None) -> str | dict[str, Any] | None:
+    """`--tool-choice` (none, auto, required, or a function's name) as the API's `tool_choice`."""
     if tool_choice is None or tool_choice in ("none", "auto", "required"):
         return tool_choice
     return {"type": "function", "function": {"name": tool_choice}}
@@ -61,7 +77,7 @@ def _choice_value(tool_choice: str | None) -> str | dict[str, Any] | None:
 def read_choice(tools: list[Any], tool_choice: str | None) -> ToolChoice:
     """The tools and `--tool-choice`, checked before any model loads (exit 2 on bad input)."""
     try:
-        choice = read_tool_choice(tools, _choice_value(tool_choice), None, flat=False, param="--tools")
+        choice = read_tool_choice(tools, tool_choice_value(tool_choice), None, flat=False, param="--tools")
     except APIError as exc:
         fail(exc.message)
     if choice is None:
@@ -79,6 +95,26 @@ def tool_request(
     ignore_eos: bool = False,
 ) -> tuple[Request, ToolPlan]:
     """The request for a chat with tools, and how its reply is read (exit 2 on bad input)."""
+    try:
+        return build_tool_request(engine, settings, messages, choice=choice, stop=stop, ignore_eos=ignore_eos)
+    except ToolRequestError as exc:
+        fail(str(exc))
+
+
+def build_tool_request(
+    engine: Engine,
+    settings: Settings,
+    messages: list[dict[str, Any]],
+    *,
+    choice: ToolChoice,
+    stop: Sequence[str] | None = None,
+    ignore_eos: bool = False,
+    max_tokens: int | None = None,
+    seed: int | None = None,
+) -> tuple[Request, ToolPlan]:
+    """`tool_request` for callers that report errors themselves (`infer gate`, `infer bench`): the
+    same prompt, grammar and request (`max_tokens` and `seed` as `build_request` takes them),
+    ToolRequestError on bad input."""
     tokenizer = engine.tokenizer
     try:
         template = chat_template_of(tokenizer)
@@ -93,14 +129,16 @@ def tool_request(
         own = grammar_from_settings(settings)
         grammar = plan.grammar(exclusive=own is None)
         if grammar is not None and own is not None:
-            fail(
-                "--tool-choice required or a function name cannot be combined with another output constraint"
+            raise ToolRequestError(
+                "tool_choice required or a function name cannot be combined with another output constraint"
             )
         request = build_request(
             ids,
             settings,
             stop=stop or (),
             ignore_eos=ignore_eos,
+            max_tokens=max_tokens,
+            seed=seed,
             **({"grammar": grammar} if grammar is not None else {}),
         )
         shown = plan.shown_special_ids(tokenizer)
@@ -108,9 +146,11 @@ def tool_request(
             request = dataclasses.replace(request, shown_special_ids=shown)
         engine.validate(request)
     except APIError as exc:
-        fail(exc.message)
+        raise ToolRequestError(exc.message) from None
+    except ToolRequestError:
+        raise
     except (ChatTemplateError, ValueError) as exc:
-        fail(str(exc))
+        raise ToolRequestError(str(exc)) from None
     return request, plan
 
 

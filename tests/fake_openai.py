@@ -17,6 +17,8 @@ from typing import Any
 FIXED_IDS = [5, 6, 7]
 FIXED_TEXT = "abc"
 VERSION_HEADER = ("x-fake-version", "1.2.3")
+CALL_TOKENS = 9
+"""`usage.completion_tokens` of a streamed reply that is one tool call (its two chunks hold them all)."""
 
 
 @dataclass
@@ -33,11 +35,17 @@ class FakeServer:
     """Per step: the logprob gap between the chosen token and the runner-up (mode logprobs)."""
     runner_ups: list[int] = field(default_factory=lambda: [100, 101, 102])
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] | None = None
+    """Chat answers to requests with `tools` carry these calls (finish reason `tool_calls`; streamed as
+    `infer serve` streams them: the id and name, then the arguments); None: plain text."""
 
 
-def _completion(fake: FakeServer, chat: bool) -> dict[str, Any]:
+def _completion(fake: FakeServer, chat: bool, body: dict[str, Any]) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
-    if chat:
+    if chat and fake.tool_calls is not None and body.get("tools"):
+        choice["message"] = {"role": "assistant", "content": None, "tool_calls": fake.tool_calls}
+        choice["finish_reason"] = "tool_calls"
+    elif chat:
         choice["message"] = {"role": "assistant", "content": FIXED_TEXT}
     else:
         choice["text"] = FIXED_TEXT
@@ -108,9 +116,10 @@ def _handler(fake: FakeServer) -> type[BaseHTTPRequestHandler]:
             if fake.mode == "slow":
                 time.sleep(3)
             if body.get("stream"):
-                self._stream(chat, cut=fake.mode == "cut")
+                calls = fake.tool_calls if chat and body.get("tools") else None
+                self._stream(chat, cut=fake.mode == "cut", calls=calls)
                 return
-            data = json.dumps(_completion(fake, chat)).encode()
+            data = json.dumps(_completion(fake, chat, body)).encode()
             if fake.mode == "cut":  # promise the whole body, send half, hang up
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -122,7 +131,7 @@ def _handler(fake: FakeServer) -> type[BaseHTTPRequestHandler]:
                 return
             self._json(200, json.loads(data))
 
-        def _stream(self, chat: bool, cut: bool) -> None:
+        def _stream(self, chat: bool, cut: bool, calls: list[dict[str, Any]] | None = None) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
@@ -133,15 +142,24 @@ def _handler(fake: FakeServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
 
-            pieces = ["a", "b", "c", "d"]
+            pieces: list[Any] = ["a", "b", "c", "d"]
+            if calls is not None:  # one call: its id and name, then its arguments, then the finish
+                (call,) = calls
+                head = {"index": 0, "id": call["id"], "type": "function"}
+                named = {**head, "function": {"name": call["function"]["name"], "arguments": ""}}
+                pieces = [[named], [{"index": 0, "function": {"arguments": call["function"]["arguments"]}}]]
             for index, piece in enumerate(pieces):
                 if cut and index == len(pieces) // 2:
                     self.close_connection = True  # no final chunk: the stream is cut half-way
                     return
-                delta = {"delta": {"content": piece}} if chat else {"text": piece}
-                finish = "length" if index == len(pieces) - 1 else None  # as real servers end a stream
+                key = "tool_calls" if calls is not None else "content"
+                delta = {"delta": {key: piece}} if chat else {"text": piece}
+                finish = None
+                if index == len(pieces) - 1:  # as real servers end a stream
+                    finish = "tool_calls" if calls is not None else "length"
                 send(json.dumps({"choices": [{"index": 0, **delta, "finish_reason": finish}]}))
-            usage = {"prompt_tokens": 3, "completion_tokens": len(pieces), "total_tokens": 3 + len(pieces)}
+            generated = len(pieces) if calls is None else CALL_TOKENS
+            usage = {"prompt_tokens": 3, "completion_tokens": generated, "total_tokens": 3 + generated}
             send(json.dumps({"choices": [], "usage": usage}))
             send("[DONE]")
             self.wfile.write(b"0\r\n\r\n")

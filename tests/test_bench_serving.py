@@ -120,7 +120,8 @@ def test_remote_errors_are_per_request_and_exit_2(fake: FakeServer, mode: str, m
 
 
 def test_serving_flags_are_refused_where_they_cannot_apply(tmp_path: Path) -> None:
-    assert "only applies with --server" in _bench("--dataset", str(SHIPPED)).stderr
+    local = _bench("--dataset", str(SHIPPED), "--server-model", "m")
+    assert local.exit_code == 2 and "--server-model only applies with --server" in local.stderr
     lone = _bench("--server", "http://127.0.0.1:9", "--request-rate", "3")
     assert lone.exit_code == 2 and "needs --dataset" in lone.stderr
     both = _bench(

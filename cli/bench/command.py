@@ -12,6 +12,8 @@ Tests (each repeated `-r` times after one warm-up run that is not counted):
 (`-p 128,512`). `--json` / `--jsonl` / `--csv` write to stdout alone; the table, progress and notices go
 to stderr then (to stdout otherwise only the table). `--server URL` runs the same tests against an
 OpenAI-compatible streaming endpoint instead of a local engine (see `infer.cli.bench.server`).
+`--dataset FILE` adds a serving run over the file's prompts and chats (tools allowed), against the
+server or on the local engine (`infer.cli.bench.engine_serve`).
 """
 
 from __future__ import annotations
@@ -349,9 +351,8 @@ def _check_options(options: BenchOptions, server: str | None) -> None:
         )
         if given
     ]
-    if server is None and (serving_given or options.api_key or options.server_model):
-        names = serving_given or (["--api-key"] if options.api_key else ["--server-model"])
-        fail(f"{', '.join(names)} only applies with --server")
+    if server is None and (options.api_key or options.server_model):
+        fail(f"{'--api-key' if options.api_key else '--server-model'} only applies with --server")
     if options.dataset is None and serving_given:
         fail(f"{', '.join(serving_given)} needs --dataset (a serving run over a prompt file)")
     if not options.request_rate > 0:
@@ -560,12 +561,17 @@ def _bench_engine(
             f"the longest test needs {plan.max_ctx + 2} positions but ctx_size is {settings.ctx_size}; "
             "raise -c"
         )
-    engine = open_engine(settings, max_num_seqs=max([*plan.levels, 1]))
+    limits = [*plan.levels, *(level for level in plan.serve_levels if level), 1]
+    # A dataset run without a concurrency limit takes the settings' sequences, as a server would.
+    engine = open_engine(settings, max_num_seqs=None if None in plan.serve_levels else max(limits))
     seed = sampling_seed(settings)
     runner = EngineBench(engine, settings, seed)
     reps, warmup = options.repetitions, options.warmup
+    steps = count_steps(plan.tests, plan.levels, reps, warmup)
+    steps += len(plan.serve_levels) * (reps + (1 if warmup else 0))
     try:
-        with _progress(count_steps(plan.tests, plan.levels, reps, warmup)) as advance:
+        requests = _dataset_requests(engine, settings, plan, options.api, seed)
+        with _progress(steps) as advance:
             results = run_engine_tests(
                 runner,
                 plan.tests,
@@ -576,6 +582,21 @@ def _bench_engine(
                 warmup,
                 advance,
             )
+            if requests:
+                from infer.cli.bench.engine_serve import serve_engine
+
+                results += serve_engine(
+                    engine,
+                    requests,
+                    plan.serve_levels,
+                    plan.conc_gen,
+                    options.request_rate,
+                    options.burstiness,
+                    plan.slo_bounds,
+                    reps,
+                    warmup,
+                    advance,
+                )
     except RequestError as exc:
         fail(str(exc))
     choice = choose_backend(settings)
@@ -600,6 +621,18 @@ def _bench_engine(
         ),
     }
     return results, header
+
+
+def _dataset_requests(engine: Engine, settings: Settings, plan: _Plan, api: str, seed: int) -> list[Request]:
+    """The engine requests of the dataset's lines (none without --dataset); exit 2 on a bad one."""
+    if not plan.items:
+        return []
+    from infer.cli.bench.engine_serve import DatasetRequestError, dataset_requests
+
+    try:
+        return dataset_requests(engine, settings, plan.items, api=api, max_tokens=plan.conc_gen, seed=seed)
+    except DatasetRequestError as exc:
+        fail(str(exc))
 
 
 def sampling_seed(settings: Settings) -> int:

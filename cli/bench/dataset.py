@@ -3,7 +3,10 @@ times (Poisson, or gamma-distributed with `--burstiness`, as `vllm bench serve` 
 `--slo` targets goodput is counted against.
 
 A dataset line is one JSON object: `{"prompt": "..."}` or `{"messages": [{"role", "content"}, ...]}`,
-optionally with `"max_tokens": N` (else `-n`). `scripts/bench_prompts.jsonl` is a small one.
+optionally with `"max_tokens": N` (else `-n`), and for a chat (`--api chat`) `"tools"` (OpenAI
+function tools) with an optional `"tool_choice"` (none, auto, required, a function's name, or
+OpenAI's `{"type": "function", "function": {"name": ...}}`) and `"parallel_tool_calls"`, sent with
+the request as an agent sends them. `scripts/bench_prompts.jsonl` is a small one.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ class DatasetItem:
     prompt: str | None
     messages: list[dict[str, Any]] | None
     max_tokens: int | None
+    tools: list[Any] | None = None
+    """Function tools the chat offers (OpenAI's shape), sent as the request's `tools`."""
+    tool_choice: str | dict[str, Any] | None = None
+    """The request's `tool_choice` in OpenAI's shape (None: the server's default, auto)."""
+    parallel_tool_calls: bool | None = None
+    """The request's `parallel_tool_calls` (None: the server's default, true)."""
 
     def as_messages(self) -> list[dict[str, Any]]:
         """Chat messages (a prompt becomes one user message)."""
@@ -67,10 +76,39 @@ def load_dataset(path: Path, *, api: str) -> list[DatasetItem]:
         max_tokens = data.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise DatasetError(f'{where}: "max_tokens" must be an integer >= 1')
-        items.append(DatasetItem(prompt, messages, max_tokens))
+        tools, tool_choice, parallel = _tools_of(data, where, api)
+        items.append(DatasetItem(prompt, messages, max_tokens, tools, tool_choice, parallel))
     if not items:
         raise DatasetError(f"--dataset {path}: no requests in it")
     return items
+
+
+def _tools_of(data: dict[str, Any], where: str, api: str) -> tuple[list[Any] | None, Any, bool | None]:
+    """A line's `tools`, `tool_choice` (OpenAI's shape, or a bare function name) and
+    `parallel_tool_calls`, checked as the server checks them."""
+    from infer.cli.serve.errors import APIError
+    from infer.cli.serve.tools import read_tool_choice
+    from infer.cli.tool_use import tool_choice_value
+
+    tools, choice, parallel = data.get("tools"), data.get("tool_choice"), data.get("parallel_tool_calls")
+    if tools is None:
+        for key in ("tool_choice", "parallel_tool_calls"):
+            if data.get(key) is not None:
+                raise DatasetError(f'{where}: "{key}" needs "tools"')
+        return None, None, None
+    if parallel is not None and not isinstance(parallel, bool):
+        raise DatasetError(f'{where}: "parallel_tool_calls" must be true or false')
+    if api != "chat":
+        raise DatasetError(f"{where}: a line with tools needs --api chat (the server's chat template)")
+    if isinstance(choice, str):
+        choice = tool_choice_value(choice)
+    if not isinstance(tools, list) or not tools:
+        raise DatasetError(f'{where}: "tools" must be a non-empty list of function tools')
+    try:
+        read_tool_choice(tools, choice, parallel, flat=False)
+    except APIError as exc:
+        raise DatasetError(f"{where}: {exc.message}") from None
+    return tools, choice, parallel
 
 
 def arrival_offsets(count: int, rate: float, burstiness: float, seed: int = ARRIVAL_SEED) -> list[float]:

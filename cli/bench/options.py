@@ -48,7 +48,12 @@ class BenchOptions:
         "infer bench compare A.json B.json --plot FILE.",
     )
     tolerance: float = option(0.1, "--tolerance", help="Allowed regression vs --baseline (0.1 = 10%).")
-    api: str = option("chat", "--api", help="With --server: chat (/v1/chat/completions) or completions.")
+    api: str = option(
+        "chat",
+        "--api",
+        help="With --server or --dataset: chat (/v1/chat/completions; the chat template) or "
+        "completions (raw prompts).",
+    )
     server_model: Optional[str] = option(
         None,
         "--server-model",
@@ -60,8 +65,9 @@ class BenchOptions:
     dataset: Optional[Path] = option(
         None,
         "--dataset",
-        help="With --server: a serving run over this JSONL file of prompts or chats "
-        "(scripts/bench_prompts.jsonl); -n is each request's length, --concurrency the limits swept.",
+        help="A serving run over this JSONL file of prompts or chats, tools allowed "
+        "(scripts/bench_prompts.jsonl), on --server or the local engine; -n is each request's length, "
+        "--concurrency the limits swept.",
     )
     num_prompts: Optional[int] = option(
         None, "--num-prompts", min=1, help="With --dataset: send this many requests (cycling the file)."

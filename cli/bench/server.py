@@ -1,14 +1,18 @@
 """`infer bench --server URL`: the same tests against any OpenAI-compatible streaming endpoint, and
 serving runs over a prompt dataset (`--dataset`) with Poisson arrivals, as `vllm bench serve` does.
 
-Tokens are counted from the stream: every chunk that carries new text (chat `delta.content`, or
-completions `text`) counts as one token, which is what llama-server and `infer serve` send; when the
-server reports `usage.completion_tokens` (asked for with `stream_options.include_usage`) that count is
-the request's output tokens (vLLM may put several tokens in a chunk). TTFT is the time to the first
+Tokens are counted from the stream: every chunk that carries new text (chat `delta.content` or
+`delta.tool_calls`, or completions `text`) counts as one token, which is what llama-server and
+`infer serve` send; when the server reports `usage.completion_tokens` (asked for with
+`stream_options.include_usage`) that count is the request's output tokens (vLLM may put several
+tokens in a chunk). TTFT is the time to the first
 such chunk. Prompts of about P tokens are built from a repeated common word (" the" is one token in
 every mainstream BPE vocabulary); when the server reports `usage.prompt_tokens` that count is used for
 prefill figures instead. Requests send `ignore_eos: true` (llama-server's, vLLM's and infer's
-extension) so the server generates all N tokens.
+extension) so the server generates all N tokens. A dataset chat with `tools` sends them and its
+`tool_choice`; its reply's calls count like text (a server that sends a call only once it is complete,
+as `infer serve` does, puts its tokens in that call's chunks: `usage` then gives the count, and TTFT is
+the time to the first content or call chunk).
 
 A failed request (refused, an HTTP error with the server's message, a timeout, a stream cut before
 `[DONE]`) is recorded on its trace with the server's words; the run goes on.
@@ -88,7 +92,14 @@ class ServerBench:
                 if item is not None
                 else [{"role": "user", "content": _prompt_text(n_prompt, next(self._sent))}]
             )
-            return "/chat/completions", {**common, "messages": messages}
+            tools: dict[str, Any] = {}
+            if item is not None and item.tools is not None:
+                tools["tools"] = item.tools
+                if item.tool_choice is not None:
+                    tools["tool_choice"] = item.tool_choice
+                if item.parallel_tool_calls is not None:
+                    tools["parallel_tool_calls"] = item.parallel_tool_calls
+            return "/chat/completions", {**common, "messages": messages, **tools}
         prompt = item.prompt if item is not None else _prompt_text(n_prompt, next(self._sent))
         return "/completions", {**common, "prompt": prompt}
 
@@ -124,11 +135,11 @@ class ServerBench:
                     if isinstance(usage.get("completion_tokens"), int):
                         trace.reported_tokens = int(usage["completion_tokens"])
                     for choice in chunk.get("choices") or []:
-                        piece = (
-                            (choice.get("delta") or {}).get("content")
-                            if self.api == "chat"
-                            else choice.get("text")
-                        )
+                        if self.api == "chat":
+                            delta = choice.get("delta") or {}
+                            piece = delta.get("content") or delta.get("tool_calls")
+                        else:
+                            piece = choice.get("text")
                         if piece:
                             trace.token_times.append(time.perf_counter())
         except httpx.HTTPError as exc:

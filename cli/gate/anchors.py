@@ -6,6 +6,11 @@ Token hash serialization (fixed; changing it invalidates every anchors file):
     trailing separator, e.g. ids (7042, 30, 198) -> sha256(b"7042,30,198"). The ids are every generated
     token, including the EOS/EOT token or the token that completed a stop string. No ids -> sha256(b"").
 
+Calls hash (anchors with `tools`; fixed likewise): sha256 of the UTF-8 JSON text of the reply's parsed
+calls, in order, each `{"arguments": ..., "name": ...}` with the arguments decoded (a string that is
+not JSON stays that string), written with sorted keys, separators "," and ":", non-ASCII as is, e.g.
+[{"arguments":{"city":"Paris"},"name":"get_weather"}]. No calls -> sha256(b"[]").
+
 File layout (see anchors/default.yaml):
 
     version: 1
@@ -28,10 +33,19 @@ File layout (see anchors/default.yaml):
           prompt_tokens: 6
           token_ids: [...]                    # with --keep-tokens
           top2_gaps: [...]                    # with --keep-tokens: per step, log p(top1) - log p(top2)
+      - name: forced-call
+        messages: [{role: user, content: "What is the weather in Paris?"}]   # or `chat: true`
+        tools: tools.json                     # or the list inline; rendered as `infer generate --tools`
+        tool_choice: required                 # auto (default), none, required or a function's name
+        sampler: {temperature: 0}
+        expect:
+          sha256: ...
+          calls_sha256: ...                   # the parsed calls (written by --bless)
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import fnmatch
@@ -48,6 +62,9 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
 
+from infer.cli.serve.errors import APIError
+from infer.cli.serve.tools import ToolChoice, read_tool_choice
+from infer.cli.tool_use import ToolRequestError, load_tools, tool_choice_value
 from infer.engine import SamplingParams, SamplingParamsError
 from infer.profiles.schema import SamplerSection
 
@@ -63,6 +80,29 @@ class GateFileError(Exception):
 def token_hash(token_ids: Sequence[int]) -> str:
     """sha256 hex digest of the token ids as ASCII decimal joined by "," (the fixed gate serialization)."""
     return hashlib.sha256(",".join(str(int(t)) for t in token_ids).encode("ascii")).hexdigest()
+
+
+def canonical_calls(tool_calls: Sequence[Any]) -> list[dict[str, Any]]:
+    """OpenAI `tool_calls` entries (`{"function": {"name", "arguments"}}`, ids dropped) as the calls
+    hash reads them: `{"name", "arguments"}` with the arguments decoded from their JSON text (kept as
+    the string when it is not JSON). ValueError for an entry without a function name."""
+    out: list[dict[str, Any]] = []
+    for call in tool_calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ValueError(f"a tool call without a function name: {call!r}")
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):  # not JSON: hashed as the text it is
+                arguments = json.loads(arguments)
+        out.append({"name": function["name"], "arguments": arguments})
+    return out
+
+
+def calls_hash(calls: Sequence[Mapping[str, Any]]) -> str:
+    """sha256 hex digest of `canonical_calls` output (the fixed calls serialization, see above)."""
+    text = json.dumps(list(calls), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class _Strict(BaseModel):
@@ -96,6 +136,11 @@ class Expectation(_Strict):
         pattern=r"^[0-9a-f]{64}$",
         description="sha256 of the completion text in UTF-8 (written by --bless --server; compared when "
         "a server returns only text)",
+    )
+    calls_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="calls_hash of the reply's parsed tool calls (anchors with `tools`)",
     )
 
     @model_validator(mode="after")
@@ -149,6 +194,12 @@ class Anchor(_Strict):
     regex: str | None = None
     grammar: str | None = None
     choice: list[str] = Field(default_factory=list)
+    tools: str | list[Any] | None = None
+    """Function tools (OpenAI's shape) offered to a chat anchor (`messages` or `chat: true`), as
+    `infer generate --tools` offers them: a list written inline, or the path of a JSON file (a list,
+    or an object with a `tools` list) relative to the anchors file."""
+    tool_choice: str | None = None
+    """With `tools`: auto (the default), none, required, or a function's name, as `--tool-choice`."""
     expect: Expectation | None = None
 
     def constraint_flags(self, base: Path) -> dict[str, Any]:
@@ -213,6 +264,10 @@ class ResolvedAnchor:
     n_predict: int
     profile: str | None
     model: str | None
+    tools: list[Any] | None = None
+    """The anchor's tools as written (read from the file when `tools` names one)."""
+    tool_choice: ToolChoice | None = None
+    """The tools and `tool_choice`, checked (None for an anchor without tools)."""
 
     @property
     def name(self) -> str:
@@ -223,6 +278,16 @@ class ResolvedAnchor:
     def greedy(self) -> bool:
         """Whether the anchor takes the argmax at every step (near-tie analysis applies)."""
         return float(self.sampler["temperature"]) <= 0.0
+
+    def chat_messages(self) -> list[dict[str, Any]] | None:
+        """The chat messages of a chat anchor (`messages`, or `chat: true` around the prompt); None
+        for a raw one."""
+        spec = self.anchor
+        if spec.messages is not None:
+            return [m.model_dump() for m in spec.messages]
+        if spec.chat:
+            return [{"role": "user", "content": spec.prompt or ""}]
+        return None
 
 
 @dataclass
@@ -396,6 +461,7 @@ def _resolve(path: Path, document: Any, spec: AnchorsFile) -> list[ResolvedAncho
         n_predict = anchor.n_predict or spec.defaults.n_predict
         if n_predict is None:
             raise _fail(path, document, ("anchors", index, "n_predict"), "required (here or in defaults)")
+        tools, choice = _read_tools(path, document, index, anchor)
         out.append(
             ResolvedAnchor(
                 index=index,
@@ -404,9 +470,53 @@ def _resolve(path: Path, document: Any, spec: AnchorsFile) -> list[ResolvedAncho
                 n_predict=n_predict,
                 profile=anchor.profile if anchor.profile is not None else spec.defaults.profile,
                 model=anchor.model if anchor.model is not None else spec.defaults.model,
+                tools=tools,
+                tool_choice=choice,
             )
         )
     return out
+
+
+def _read_tools(
+    path: Path, document: Any, index: int, anchor: Anchor
+) -> tuple[list[Any] | None, ToolChoice | None]:
+    """An anchor's `tools` (read from their file when named) and `tool_choice`, checked as
+    `infer generate --tools` checks them; GateFileError naming the line otherwise."""
+    where = ("anchors", index)
+    if anchor.tools is None:
+        if anchor.tool_choice is not None:
+            raise _fail(path, document, (*where, "tool_choice"), "needs `tools`")
+        return None, None
+    if anchor.messages is None and not anchor.chat:
+        raise _fail(
+            path,
+            document,
+            (*where, "tools"),
+            "tools need the chat template: give `messages`, or `chat: true` around the prompt",
+        )
+    tools = anchor.tools
+    if isinstance(tools, str):
+        try:
+            tools = load_tools(path.parent / tools)
+        except ToolRequestError as exc:
+            raise _fail(path, document, (*where, "tools"), str(exc)) from None
+    try:
+        choice = read_tool_choice(tools, tool_choice_value(anchor.tool_choice), None, flat=False)
+    except APIError as exc:
+        key = "tool_choice" if exc.param == "tool_choice" else "tools"
+        raise _fail(path, document, (*where, key), exc.message) from None
+    if choice is None:
+        raise _fail(path, document, (*where, "tools"), "the list of tools is empty")
+    constrained = anchor.json_schema is not None or anchor.json_object or anchor.regex or anchor.grammar
+    if choice.mode == "required" and (constrained or anchor.choice):
+        raise _fail(
+            path,
+            document,
+            (*where, "tool_choice"),
+            "a required or named tool_choice generates under the call grammar: it cannot be "
+            "combined with json_schema, json_object, regex, grammar or choice",
+        )
+    return tools, choice
 
 
 def load_anchors(path: Path | str) -> LoadedAnchors:
@@ -459,6 +569,8 @@ class Blessing:
     top2_gaps: Sequence[float | None]
     text_sha256: str | None = None
     """Written when given (`--bless --server`), or refreshed when the anchor already stores one."""
+    calls_sha256: str | None = None
+    """The parsed tool calls' hash (anchors with `tools`; None leaves a stored one as it is)."""
 
 
 def _flow(items: Sequence[Any]) -> CommentedSeq:
@@ -505,6 +617,8 @@ def bless_document(
             values = {"finish_reason": fresh.finish_reason, "prompt_tokens": fresh.prompt_tokens}
         if fresh.text_sha256 is not None:
             values["text_sha256"] = fresh.text_sha256
+        if fresh.calls_sha256 is not None:
+            values["calls_sha256"] = fresh.calls_sha256
         for key, value in values.items():
             if before.get(key) != value:
                 changes.append(
@@ -573,6 +687,8 @@ __all__ = [
     "LoadedAnchors",
     "ResolvedAnchor",
     "bless_document",
+    "calls_hash",
+    "canonical_calls",
     "dump_document",
     "load_anchors",
     "token_hash",

@@ -12,6 +12,7 @@ seeded draw can also flip near a CDF boundary, which the top-2 gap does not meas
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import xml.etree.ElementTree as ET
@@ -20,8 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from infer.cli.gate.anchors import Blessing, ResolvedAnchor, token_hash
-from infer.engine import Engine, Request, RequestError, TokenEvent, prompt_ids
+from infer.cli.gate.anchors import (
+    Blessing,
+    Expectation,
+    ResolvedAnchor,
+    calls_hash,
+    canonical_calls,
+    token_hash,
+)
+from infer.cli.tool_use import ToolRequestError, build_tool_request, read_reply
+from infer.engine import Engine, GrammarSpec, Request, RequestError, TokenEvent, prompt_ids
 from infer.profiles.requests import build_request
 from infer.profiles.settings import Settings
 
@@ -43,11 +52,20 @@ class AnchorRun:
     counters: dict[str, int]
     seconds: float
     error: str | None = None
+    calls: tuple[dict[str, Any], ...] | None = None
+    """The reply's parsed tool calls (`canonical_calls`; None for an anchor without tools)."""
+    grammar: GrammarSpec | None = None
+    """The constraint a local run generated under (`--audit` replays the tokens through it)."""
 
     @property
     def sha256(self) -> str:
         """The token hash of the generated ids."""
         return token_hash(self.token_ids)
+
+    @property
+    def calls_sha256(self) -> str | None:
+        """The calls hash of the parsed tool calls (None for an anchor without tools)."""
+        return None if self.calls is None else calls_hash(self.calls)
 
     @property
     def gaps(self) -> list[float | None]:
@@ -64,6 +82,7 @@ class AnchorRun:
             counters=dict(self.counters),
             token_ids=self.token_ids,
             top2_gaps=self.gaps,
+            calls_sha256=self.calls_sha256,
         )
 
 
@@ -88,13 +107,37 @@ def anchor_request(ids: Sequence[int], anchor: ResolvedAnchor, settings: Setting
 
 
 def run_anchor(engine: Engine, anchor: ResolvedAnchor, settings: Settings) -> AnchorRun:
-    """Generate one anchor alone (single sequence: batching may change float summation order)."""
-    ids = anchor_prompt_ids(engine, anchor)
+    """Generate one anchor alone (single sequence: batching may change float summation order). An
+    anchor with tools is the request `infer generate --tools` makes (the same prompt and grammar),
+    and its reply is read for calls as generate reads it."""
     started = time.perf_counter()
+    plan = None
+    if anchor.tool_choice is not None:
+        messages = anchor.chat_messages()
+        assert messages is not None  # the anchors file refuses tools on a raw prompt
+        try:
+            request, plan = build_tool_request(
+                engine,
+                settings,
+                messages,
+                choice=anchor.tool_choice,
+                stop=anchor.anchor.stop,
+                ignore_eos=anchor.anchor.ignore_eos,
+            )
+        except ToolRequestError as exc:
+            return AnchorRun((), (), "", "error", 0, {}, time.perf_counter() - started, str(exc))
+    else:
+        ids = anchor_prompt_ids(engine, anchor)
+        try:
+            request = anchor_request(ids, anchor, settings)
+        except RequestError as exc:
+            return AnchorRun((), (), "", "error", len(ids), {}, time.perf_counter() - started, str(exc))
     try:
-        completion = engine.generate(anchor_request(ids, anchor, settings))
+        completion = engine.generate(request)
     except RequestError as exc:
-        return AnchorRun((), (), "", "error", len(ids), {}, time.perf_counter() - started, str(exc))
+        return AnchorRun(
+            (), (), "", "error", len(request.prompt_ids), {}, time.perf_counter() - started, str(exc)
+        )
     done = completion.done
     top2 = tuple(
         tuple(event.top_logprobs[:2]) for event in completion.tokens if isinstance(event, TokenEvent)
@@ -108,6 +151,8 @@ def run_anchor(engine: Engine, anchor: ResolvedAnchor, settings: Settings) -> An
         counters=dict(done.counters),
         seconds=time.perf_counter() - started,
         error=done.error,
+        calls=None if plan is None else tuple(canonical_calls(read_reply(plan, done).calls)),
+        grammar=request.grammar,
     )
 
 
@@ -245,6 +290,9 @@ def judge(anchor: ResolvedAnchor, run: AnchorRun, *, tie_margin: float, decode: 
         "counters": run.counters,
         "text": run.text,
     }
+    if run.calls is not None:
+        got["calls"] = list(run.calls)
+        got["calls_sha256"] = run.calls_sha256
     expected = expect.model_dump(exclude={"token_ids", "top2_gaps"}, exclude_none=True) if expect else {}
     result = AnchorResult(anchor.name, "pass", expected, got, run.seconds, run=run)
     if run.error is not None or run.finish_reason == "error":
@@ -267,6 +315,7 @@ def judge(anchor: ResolvedAnchor, run: AnchorRun, *, tie_margin: float, decode: 
             f"prompt_tokens: expected {expect.prompt_tokens}, got {run.prompt_tokens} (the tokenizer or "
             "chat template changed)"
         )
+    check_calls(expect, run, problems, tokens_changed=run.sha256 != expect.sha256)
     for key, value in expect.counters.items():
         if run.counters.get(key) != value:
             problems.append(
@@ -292,6 +341,30 @@ def judge(anchor: ResolvedAnchor, run: AnchorRun, *, tie_margin: float, decode: 
         tie = result.divergence is not None and result.divergence.near_tie is True
         result.status = "tie" if tie else "fail"
     return result
+
+
+def _calls_text(calls: Sequence[dict[str, Any]]) -> str:
+    shown = [f"{c['name']}({json.dumps(c['arguments'], ensure_ascii=False)})" for c in calls]
+    return ", ".join(shown) or "none"
+
+
+def check_calls(expect: Expectation, run: AnchorRun, problems: list[str], *, tokens_changed: bool) -> None:
+    """The calls part of a verdict: a changed calls hash is a problem that shows the calls made now;
+    when only the tokens (or the text) changed, a note says the calls did not."""
+    if run.calls is None:
+        return
+    got = run.calls_sha256
+    if expect.calls_sha256 is None:
+        problems.append("note: no calls_sha256 stored for this tool anchor: --bless records one")
+    elif got != expect.calls_sha256:
+        problems.append(
+            f"calls_sha256 {expect.calls_sha256[:12]}… expected, got {got[:12]}…: the tool calls "  # type: ignore[index]
+            f"changed (now: {_calls_text(run.calls)})"
+        )
+    elif tokens_changed:
+        problems.append(
+            f"note: the tool calls are unchanged ({_calls_text(run.calls)}); only the tokens differ"
+        )
 
 
 def write_junit(
@@ -344,6 +417,7 @@ __all__ = [
     "AnchorResult",
     "AnchorRun",
     "Divergence",
+    "check_calls",
     "find_divergence",
     "judge",
     "relative_gap",

@@ -105,9 +105,10 @@ def anchor_settings(loaded: LoadedAnchors, anchor: ResolvedAnchor, cli_flags: di
 
 
 def audit_anchor(engine: Engine, settings: Settings, run: AnchorRun, result: AnchorResult) -> None:
-    """`--audit`: replay a constrained anchor's tokens through a fresh matcher; a token the grammar
-    did not allow fails the anchor (whatever its hash says)."""
-    spec = grammar_from_settings(settings)
+    """`--audit`: replay a constrained anchor's tokens through a fresh matcher (the grammar it ran
+    under: its own constraint, or a tool anchor's call grammar); a token the grammar did not allow
+    fails the anchor (whatever its hash says)."""
+    spec = run.grammar if run.grammar is not None else grammar_from_settings(settings)
     if spec is None:
         return
     problem = audit_tokens(spec, engine.grammar_vocabulary, run.token_ids)

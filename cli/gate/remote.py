@@ -19,6 +19,11 @@ give them; the first that answers wins, and the report says which:
 5. text only: the text's sha256 is compared with the anchor's `text_sha256` (stored by
    `--bless --server`).
 
+Tools: an anchor with `tools` sends them and its `tool_choice` in the chat request, and its calls
+are read from the answer's `message.tool_calls` (the server parses them, as `infer serve` does); a
+`tool_calls` finish reason is the engine's `stop`. A server that returns no `tool_calls` where calls
+were asked for (`required` or a named function) or blessed cannot have its calls checked (exit 2).
+
 Near-ties: the same requests ask for the top-2 logprobs (`top_logprobs: 2`, `logprobs: 2`,
 `n_probs: 2`); without them the report says the classification was not possible.
 
@@ -41,9 +46,10 @@ from typing import Any
 
 import httpx
 
-from infer.cli.gate.anchors import Blessing, ResolvedAnchor
-from infer.cli.gate.check import AnchorResult, AnchorRun, judge, relative_gap
+from infer.cli.gate.anchors import Blessing, ResolvedAnchor, calls_hash, canonical_calls
+from infer.cli.gate.check import AnchorResult, AnchorRun, check_calls, judge, relative_gap
 from infer.cli.server_client import RemoteError, server_message, transport_message
+from infer.cli.tool_use import tool_choice_value
 from infer.engine import Tokenizer
 
 IDS_FIELD = "token_ids"
@@ -79,6 +85,9 @@ class RemoteRun:
     notes: list[str] = dataclasses.field(default_factory=list)
     system_fingerprint: str | None = None
     """The answer's `system_fingerprint` (llama-server puts its build there)."""
+    calls_returned: bool = True
+    """Whether the answer had a `tool_calls` list (False: a tool anchor's reply without one, read as
+    no calls)."""
 
     def blessing(self) -> Blessing:
         """Fresh expectations; text-only runs bless the text hash alone."""
@@ -92,6 +101,7 @@ class RemoteRun:
                 token_ids=(),
                 top2_gaps=(),
                 text_sha256=self.text_sha256,
+                calls_sha256=self.run.calls_sha256,
             )
         fresh = self.run.blessing()
         gaps = (
@@ -102,12 +112,7 @@ class RemoteRun:
 
 def anchor_messages(anchor: ResolvedAnchor) -> list[dict[str, Any]] | None:
     """The chat messages of a chat anchor (`messages`, or `chat: true` around the prompt); None for raw."""
-    spec = anchor.anchor
-    if spec.messages is not None:
-        return [m.model_dump() for m in spec.messages]
-    if spec.chat:
-        return [{"role": "user", "content": spec.prompt or ""}]
-    return None
+    return anchor.chat_messages()
 
 
 def anchor_body(
@@ -139,6 +144,10 @@ def anchor_body(
     if spec.ignore_eos:
         body["ignore_eos"] = True
     messages = anchor_messages(anchor)
+    if anchor.tools is not None:
+        body["tools"] = anchor.tools
+        if spec.tool_choice is not None:
+            body["tool_choice"] = tool_choice_value(spec.tool_choice)
     if messages is not None:
         return "/chat/completions", {
             **body,
@@ -223,11 +232,23 @@ def parse_completion(
     """A server's whole (unstreamed) completion as a run; raises RemoteError on a malformed answer."""
     try:
         choice = data["choices"][0]
-        text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+        message = (choice.get("message") or {}) if chat else {}
+        text = message.get("content") if chat else choice.get("text")
         finish = choice.get("finish_reason")
     except (KeyError, IndexError, TypeError, AttributeError):
         raise RemoteError("the answer has no choices[0] (not an OpenAI completion)") from None
     text = text if isinstance(text, str) else ""
+    calls: tuple[dict[str, Any], ...] | None = None
+    returned = True
+    if anchor.tool_choice is not None:
+        if finish == "tool_calls":  # OpenAI's name for a reply that stopped after its calls
+            finish = "stop"
+        given_calls = message.get("tool_calls")
+        returned = isinstance(given_calls, list)
+        try:
+            calls = tuple(canonical_calls(given_calls if returned else []))
+        except ValueError as exc:
+            raise RemoteError(f"malformed tool_calls in the answer ({exc})") from None
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     prompt_tokens = int(usage.get("prompt_tokens") or 0)
     notes: list[str] = []
@@ -246,6 +267,9 @@ def parse_completion(
         ids, method = [int(t) for t in native], IDS_TOKENS
     elif step_ids and whole and all(t is not None for t in step_ids):
         ids, method = [int(t) for t in step_ids if t is not None], IDS_LOGPROBS
+    elif tokenizer is not None and calls:
+        method = IDS_TEXT_ONLY  # the content is not the whole output: the calls are not in it
+        notes.append("ids not recoverable: a reply with calls has them outside its text (not retokenized)")
     elif tokenizer is not None:
         ids, why = _retokenize(text, str(finish), anchor, tokenizer)
         method = IDS_RETOKENIZED if ids is not None else IDS_TEXT_ONLY
@@ -266,8 +290,12 @@ def parse_completion(
         counters={},
         seconds=seconds,
         error=error,
+        calls=calls,
     )
-    return RemoteRun(run, method, text_hash(text), top2, notes)
+    remote = RemoteRun(run, method, text_hash(text), top2, notes, calls_returned=returned)
+    if run.error is None:
+        run.error = _missing_calls(anchor, remote)
+    return remote
 
 
 def error_run(message: str, seconds: float) -> RemoteRun:
@@ -319,6 +347,8 @@ def reproducibility_problem(first: RemoteRun, second: RemoteRun) -> str | None:
     if first.run.error is not None or second.run.error is not None:
         return None
     prefix = "server not reproducible for this anchor: two identical requests gave "
+    if first.run.calls != second.run.calls:
+        return prefix + "different tool calls"
     if IDS_TEXT_ONLY in (first.ids_method, second.ids_method):
         if first.text_sha256 == second.text_sha256:
             return None
@@ -372,6 +402,31 @@ def judge_remote(
     return result
 
 
+def _missing_calls(anchor: ResolvedAnchor, remote: RemoteRun) -> str | None:
+    """Why a tool anchor's calls cannot be checked on this server (None when they can): the answer
+    had no `tool_calls` although the anchor forces a call or its blessed calls are not empty, and its
+    tokens do not already show a drift."""
+    choice, expect = anchor.tool_choice, anchor.anchor.expect
+    if choice is None or remote.calls_returned or choice.mode == "none":
+        return None
+    blessed_calls = expect is not None and expect.calls_sha256 not in (None, calls_hash([]))
+    if choice.mode != "required" and not blessed_calls:
+        return None  # a reply without calls, as the anchor was blessed
+    tokens_drifted = (
+        remote.ids_method != IDS_TEXT_ONLY
+        and expect is not None
+        and expect.sha256 is not None
+        and remote.run.sha256 != expect.sha256
+    )
+    if tokens_drifted:
+        remote.notes.append("the server returned no tool_calls")
+        return None
+    return (
+        "the server returned no tool_calls for an anchor with tools (it may not parse tool calls, "
+        "e.g. vLLM without --enable-auto-tool-choice), so the calls cannot be checked"
+    )
+
+
 def _expected(anchor: ResolvedAnchor) -> dict[str, Any]:
     expect = anchor.anchor.expect
     return expect.model_dump(exclude={"token_ids", "top2_gaps"}, exclude_none=True) if expect else {}
@@ -388,6 +443,7 @@ def _got(remote: RemoteRun) -> dict[str, Any]:
         "text": run.text,
         "text_sha256": remote.text_sha256,
         "ids_method": remote.ids_method,
+        **({"calls": list(run.calls), "calls_sha256": run.calls_sha256} if run.calls is not None else {}),
     }
 
 
@@ -409,7 +465,8 @@ def _judge_text(anchor: ResolvedAnchor, remote: RemoteRun) -> AnchorResult:
         )
     if expect.finish_reason is not None and expect.finish_reason != run.finish_reason:
         result.problems.append(f"finish_reason: expected {expect.finish_reason}, got {run.finish_reason}")
-    if result.problems:
+    check_calls(expect, run, result.problems, tokens_changed=expect.text_sha256 != remote.text_sha256)
+    if any(not p.startswith("note:") for p in result.problems):
         result.status = "fail"
     return result
 
