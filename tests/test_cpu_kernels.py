@@ -13,6 +13,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from infer.engine.backends.cpu import read_only
 from infer.engine.backends.cpu_kernels import KERNELS, cpu_features, legacy, quantize_activations, simd_int8
 
 # One test worker compiles and runs the CPU kernel tests: beside each other on two workers, a cold
@@ -31,10 +32,12 @@ def make_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) 
     weights = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 2.0, size=(rows, 1))).astype(np.float32)
     qtype = GGMLQuantizationType[type_name]
     if type_name == "F32":
-        return weights.view(np.uint8)
-    if type_name == "F16":
-        return weights.astype(np.float16).view(np.uint8)
-    return np.ascontiguousarray(gguf_quants.quantize(weights, qtype))
+        blocks = weights.view(np.uint8)
+    elif type_name == "F16":
+        blocks = weights.astype(np.float16).view(np.uint8)
+    else:
+        blocks = np.ascontiguousarray(gguf_quants.quantize(weights, qtype))
+    return read_only(blocks)  # as a GGUF's memory map gives them: the kernels compile for that type once
 
 
 def dequantized(type_name: str, blocks: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from numba import njit
 
+from infer.engine.backends.cpu import read_only
 from infer.engine.backends.cpu_kernels.bits import half_to_f32
 from infer.engine.backends.cpu_kernels.kquants import KQUANT_KERNELS
 
@@ -36,7 +37,7 @@ def random_blocks(type_name: str, n_out: int, n_in: int, seed: int) -> np.ndarra
         raw[:, :, 208:210] = halves[:, :, 0:2]
     else:
         raw[:, :, 0:4] = halves.reshape(n_out, n_sb, 4)
-    return raw.reshape(n_out, n_sb * kern.block_bytes)
+    return read_only(raw.reshape(n_out, n_sb * kern.block_bytes))  # as a GGUF's memory map gives them
 
 
 def reference_weights(type_name: str, blocks: np.ndarray, n_in: int) -> np.ndarray:

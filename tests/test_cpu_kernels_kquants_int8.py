@@ -12,6 +12,10 @@ from infer.engine.backends.cpu_kernels import KERNELS, kquants_int8
 from infer.engine.backends.cpu_kernels.activations import quantize_activations_k
 from infer.engine.backends.cpu_kernels.simd_int8 import AVX2, PORTABLE, VNNI, available_paths
 
+# One test worker compiles and runs the CPU kernel tests: beside each other on two workers, a cold
+# run (a fresh clone) compiled the same K-quant kernels twice at once (pytest-xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("cpu_kernels")
+
 
 @pytest.fixture(scope="module", params=TYPES)
 def case(request: pytest.FixtureRequest) -> tuple[str, np.ndarray, np.ndarray]:

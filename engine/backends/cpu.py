@@ -55,6 +55,17 @@ class DenseWeight:
         return tuple(self.data.shape)
 
 
+def read_only(blocks: np.ndarray) -> np.ndarray:
+    """`blocks` as a read-only view. numba compiles a kernel once per argument type and types a read-only
+    array apart from a writable one, so weights memory-mapped from a GGUF (read-only) and weights built in
+    memory (an expert stack copied together, a tensor quantized at load) would compile every kernel twice."""
+    if not blocks.flags.writeable:
+        return blocks
+    view = blocks.view()
+    view.flags.writeable = False
+    return view
+
+
 @dataclass(frozen=True)
 class BlockWeight:
     """A GGUF matrix kept in its blocks (uint8 [out, row_bytes], memory-mapped), with its type's kernels."""
@@ -62,6 +73,9 @@ class BlockWeight:
     blocks: np.ndarray
     kernels: QuantKernels
     shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blocks", read_only(self.blocks))
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,9 @@ class ExpertBlocks:
     kernels: QuantKernels
     shape: tuple[int, ...]
     """[experts, out, in]."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blocks", read_only(self.blocks))
 
 
 @dataclass(frozen=True)
