@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from infer.cli.bench.command import record_events
 from infer.cli.bench.dataset import DatasetItem, arrival_offsets
-from infer.cli.bench.stats import BenchResult, Trace, serving_figures
+from infer.cli.bench.stats import BenchResult, Trace, serving_sweep
 from infer.cli.serve.errors import APIError
 from infer.cli.serve.tools import read_tool_choice, tools_free
 from infer.cli.tool_use import ToolRequestError, build_tool_request
@@ -115,44 +115,25 @@ def serve_engine(
 ) -> list[BenchResult]:
     """Serving runs over the dataset's requests, as `ServerBench.serve` makes them against a server
     (`max_tokens`: the run's `-n`, reported as its n_gen)."""
-    results: list[BenchResult] = []
-    rate_name = "inf" if rate == float("inf") else f"{rate:g}"
-    for level in levels:
-        name = f"serve r{rate_name}" + (f" c{level}" if level else "")
-        if warmup:
-            advance(f"{name} (warm-up)")
+
+    def run(level: int | None, warm_up: bool, tag: str) -> tuple[float, list[Trace]]:
+        if warm_up:
             short = [dataclasses.replace(r, max_tokens=2) for r in requests[: max(level or 1, 1)]]
-            _run(engine, short, float("inf"), 1.0, level, "warm-up")
-        samples: list[float] = []
-        traces: list[Trace] = []
-        duration = 0.0
-        for rep in range(repetitions):
-            advance(f"{name} ({rep + 1}/{repetitions})")
-            seconds, got = _run(engine, requests, rate, burstiness, level, f"{name}-{rep}")
-            samples.append(serving_figures(got, seconds, {})["output_throughput"])
-            traces += got
-            duration += seconds
-        figures = serving_figures(traces, duration, slo)
-        results.append(
-            BenchResult(
-                name,
-                "serve",
-                n_prompt=0,
-                n_gen=max_tokens,
-                depth=0,
-                concurrency=level or len(requests),
-                samples=samples,
-                traces=traces,
-                extra={
-                    "request_rate": rate_name,
-                    "burstiness": burstiness,
-                    "max_concurrency": level,
-                    "num_prompts": len(requests),
-                    **figures,
-                },
-            )
-        )
-    return results
+            return _run(engine, short, float("inf"), 1.0, level, tag)
+        return _run(engine, requests, rate, burstiness, level, tag)
+
+    return serving_sweep(
+        run,
+        levels=levels,
+        num_prompts=len(requests),
+        max_tokens=max_tokens,
+        rate=rate,
+        burstiness=burstiness,
+        slo=slo,
+        repetitions=repetitions,
+        warmup=warmup,
+        advance=advance,
+    )
 
 
 __all__ = ["DatasetRequestError", "dataset_requests", "serve_engine"]

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from infer.cli.bench.dataset import DatasetItem, arrival_offsets
-from infer.cli.bench.stats import BenchResult, Trace, serving_figures
+from infer.cli.bench.stats import BenchResult, Trace, serving_sweep
 from infer.cli.server_client import (
     RemoteError,
     ServerIdentity,
@@ -200,43 +200,24 @@ class ServerBench:
     ) -> list[BenchResult]:
         """Serving runs over the dataset, `repetitions` per concurrency limit in `levels` (None:
         unlimited); the figures pool every repetition's requests over their summed durations."""
-        results: list[BenchResult] = []
-        rate_name = "inf" if rate == float("inf") else f"{rate:g}"
-        for level in levels:
-            name = f"serve r{rate_name}" + (f" c{level}" if level else "")
-            if warmup:
-                advance(f"{name} (warm-up)")
-                asyncio.run(self._serve(items[: max(level or 1, 1)], 2, float("inf"), 1.0, level))
-            samples: list[float] = []
-            traces: list[Trace] = []
-            duration = 0.0
-            for rep in range(repetitions):
-                advance(f"{name} ({rep + 1}/{repetitions})")
-                seconds, got = asyncio.run(self._serve(items, max_tokens, rate, burstiness, level))
-                samples.append(serving_figures(got, seconds, {})["output_throughput"])
-                traces += got
-                duration += seconds
-            figures = serving_figures(traces, duration, slo)
-            results.append(
-                BenchResult(
-                    name,
-                    "serve",
-                    n_prompt=0,
-                    n_gen=max_tokens,
-                    depth=0,
-                    concurrency=level or len(items),
-                    samples=samples,
-                    traces=traces,
-                    extra={
-                        "request_rate": rate_name,
-                        "burstiness": burstiness,
-                        "max_concurrency": level,
-                        "num_prompts": len(items),
-                        **figures,
-                    },
-                )
-            )
-        return results
+
+        def run(level: int | None, warm_up: bool, tag: str) -> tuple[float, list[Trace]]:
+            if warm_up:
+                return asyncio.run(self._serve(items[: max(level or 1, 1)], 2, float("inf"), 1.0, level))
+            return asyncio.run(self._serve(items, max_tokens, rate, burstiness, level))
+
+        return serving_sweep(
+            run,
+            levels=levels,
+            num_prompts=len(items),
+            max_tokens=max_tokens,
+            rate=rate,
+            burstiness=burstiness,
+            slo=slo,
+            repetitions=repetitions,
+            warmup=warmup,
+            advance=advance,
+        )
 
     def _run_one(self, kind: str, shape: dict[str, int], concurrency: int) -> tuple[float, list[Trace]]:
         p, n, depth = shape["n_prompt"], shape["n_gen"], shape["depth"]

@@ -9,7 +9,7 @@ import itertools
 import json
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -428,3 +428,63 @@ __all__ = [
     "summarize_ms",
     "to_csv",
 ]
+
+
+ServingRun = Callable[[int | None, bool, str], tuple[float, list[Trace]]]
+"""One serving run at a concurrency limit (None: unlimited): (limit, warm_up, tag) -> (seconds, traces);
+a warm-up run sends a few short requests, tag names the run (its requests' ids)."""
+
+
+def serving_sweep(
+    run: ServingRun,
+    *,
+    levels: Sequence[int | None],
+    num_prompts: int,
+    max_tokens: int,
+    rate: float,
+    burstiness: float,
+    slo: Mapping[str, float],
+    repetitions: int,
+    warmup: bool,
+    advance: Callable[[str], None],
+) -> list[BenchResult]:
+    """Serving runs, `repetitions` per concurrency limit in `levels`, against a server or the local
+    engine alike (`run` sends them); the figures pool every repetition's requests over their summed
+    durations."""
+    results: list[BenchResult] = []
+    rate_name = "inf" if rate == float("inf") else f"{rate:g}"
+    for level in levels:
+        name = f"serve r{rate_name}" + (f" c{level}" if level else "")
+        if warmup:
+            advance(f"{name} (warm-up)")
+            run(level, True, "warm-up")
+        samples: list[float] = []
+        traces: list[Trace] = []
+        duration = 0.0
+        for rep in range(repetitions):
+            advance(f"{name} ({rep + 1}/{repetitions})")
+            seconds, got = run(level, False, f"{name}-{rep}")
+            samples.append(serving_figures(got, seconds, {})["output_throughput"])
+            traces += got
+            duration += seconds
+        figures = serving_figures(traces, duration, slo)
+        results.append(
+            BenchResult(
+                name,
+                "serve",
+                n_prompt=0,
+                n_gen=max_tokens,
+                depth=0,
+                concurrency=level or num_prompts,
+                samples=samples,
+                traces=traces,
+                extra={
+                    "request_rate": rate_name,
+                    "burstiness": burstiness,
+                    "max_concurrency": level,
+                    "num_prompts": num_prompts,
+                    **figures,
+                },
+            )
+        )
+    return results
