@@ -229,8 +229,11 @@ def agents_calls(base: str, model: str) -> dict[str, Callable[..., Any]]:
 
     def responses() -> Any:
         settings = ModelSettings(max_tokens=MAX_TOKENS)
-        # the agents SDK raises on an `incomplete` response, so the text call gets room to finish
-        plain = run(Agent(name="a", model=responses_model, model_settings=settings), PROMPT)
+        # the agents SDK raises on an `incomplete` response, so the text call gets room and an instruction
+        # to finish (without one the default model went on past 200 tokens about French cities)
+        brief = "Answer in one short sentence."
+        plain_agent = Agent(name="a", instructions=brief, model=responses_model, model_settings=settings)
+        plain = run(plain_agent, PROMPT)
         parsed = run(
             Agent(name="a", model=responses_model, model_settings=settings, output_type=City),
             STRUCTURED_PROMPT,
