@@ -181,6 +181,17 @@ def instructor_calls(base: str, model: str) -> dict[str, Callable[..., Any]]:
         )
         return "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
 
+    def responses() -> Any:
+        # RESPONSES_TOOLS: instructor asks for its model as a forced function call on /v1/responses
+        tools_client = instructor.from_openai(raw, mode=instructor.Mode.RESPONSES_TOOLS)
+        return tools_client.responses.create(
+            model=model,
+            input=[{"role": "user", "content": STRUCTURED_PROMPT}],
+            response_model=City,
+            max_output_tokens=MAX_TOKENS,
+            max_retries=0,
+        ).model_dump()
+
     return {
         "basic": lambda: (
             client.chat.completions.create(model=model, messages=chat, max_tokens=24, response_model=None)
@@ -189,6 +200,7 @@ def instructor_calls(base: str, model: str) -> dict[str, Callable[..., Any]]:
         ),
         "stream": stream,
         "structured": structured,
+        "responses": responses,
     }
 
 
@@ -334,10 +346,6 @@ CLIENTS: dict[str, tuple[str, Callable[[str, str], dict[str, Callable[..., Any]]
 """Client name -> (its distribution, its calls)."""
 
 NOT_OFFERED = {
-    (
-        "instructor",
-        "responses",
-    ): "instructor's Responses modes (RESPONSES_TOOLS) call tools: tool calling's own issue",
     (
         "llama-index",
         "responses",

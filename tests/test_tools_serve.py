@@ -305,3 +305,35 @@ def test_bad_tool_requests_are_a_400(server: ServerProcess, body: dict[str, Any]
     )
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == param
+
+
+def test_a_forced_call_beside_a_text_format_is_served(client: openai.OpenAI, server: ServerProcess) -> None:
+    """A forced call writes no text, so the route's text format has nothing to shape: the call is served,
+    as OpenAI serves the two together (instructor's RESPONSES_TOOLS sends both). llama-server's
+    `json_schema` field beside a forced call is still a clash (400)."""
+    city = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    text_format: Any = {"format": {"type": "json_schema", "name": "City", "schema": city, "strict": True}}
+    reply = client.responses.create(
+        model="any",
+        input=ASK[0]["content"],
+        tools=FLAT_TOOLS,
+        tool_choice={"type": "function", "name": "get_time"},
+        text=text_format,
+        max_output_tokens=96,
+    )
+    calls = [item for item in reply.output if item.type == "function_call"]
+    assert reply.status == "completed" and calls
+    for call in calls:
+        _valid(call.name, call.arguments, {"get_time"})
+    chat = client.chat.completions.create(
+        model="any",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        response_format={"type": "json_schema", "json_schema": {"name": "City", "schema": city}},
+        max_tokens=96,
+    )
+    assert chat.choices[0].finish_reason == "tool_calls"
+    body = {"messages": ASK, "max_tokens": 4, "tools": TOOLS, "tool_choice": "required", "json_schema": city}
+    clash = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert clash.status_code == 400 and "only one output constraint" in clash.json()["error"]["message"]

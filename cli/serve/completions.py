@@ -204,6 +204,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         body.use_tool_grammar(
             lambda exclusive: plan.grammar(exclusive=exclusive, thinking=thinking),
             plan.shown_special_ids(ctx.engine.tokenizer),
+            forced=plan.choice.mode == "required",
         )
     parser = plan.syntax if plan is not None and plan.parses else None
     completion_id = new_id("chatcmpl-")

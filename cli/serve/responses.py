@@ -189,6 +189,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         body.use_tool_grammar(
             lambda exclusive: plan.grammar(exclusive=exclusive, thinking=thinking),
             plan.shown_special_ids(ctx.engine.tokenizer),
+            forced=plan.choice.mode == "required",
         )
     response_id = new_id("resp_")
     requests, seed, streams = await ctx.start(

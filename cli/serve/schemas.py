@@ -202,13 +202,21 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
 
     _shown_special: tuple[int, ...] = PrivateAttr(default=())
 
+    _tool_call_forced: bool = PrivateAttr(default=False)
+
     def use_tool_grammar(
-        self, make: Callable[[bool], GrammarSpec | None], shown_special: tuple[int, ...] = ()
+        self,
+        make: Callable[[bool], GrammarSpec | None],
+        shown_special: tuple[int, ...] = (),
+        *,
+        forced: bool = False,
     ) -> None:
         """Generate under the constraint of the request's tools: `make(exclusive)` builds it (APIError
         400 for a refused schema); `exclusive` is False when the body asks for another constraint.
-        `shown_special`: control tokens (call markers) the reply renders as text."""
+        `shown_special`: control tokens (call markers) the reply renders as text. `forced`: tool_choice
+        is required or a named function, so the reply is a call and writes no text."""
         self._tool_grammar = make
+        self._tool_call_forced = forced
         self.show_special(shown_special)
 
     def show_special(self, ids: tuple[int, ...]) -> None:
@@ -244,6 +252,11 @@ class Generation(_SamplerFields):  # type: ignore[misc,valid-type]
         if own is not None:
             given.append(own)
         if self._tool_grammar is not None:
+            if self._tool_call_forced and own is not None:
+                # A forced call is the whole reply, so the route's text format (response_format,
+                # text.format) has no text to shape: OpenAI takes the two together, and so do clients
+                # (instructor's RESPONSES_TOOLS sends both). json_schema or grammar beside it still clash.
+                given.remove(own)
             tools = self._tool_grammar(not given)
             if tools is not None:
                 given.append(tools)
