@@ -31,7 +31,7 @@ from infer.engine.runtime.request import Request
 from infer.engine.sampling import SamplingParams
 
 BACKEND_OPS = ("embed", "linear", "logits", "rms_norm", "rope", "silu_mul", "write_kv", "attention")
-ENGINE_STAGES = ("step", "_forward", "_complete")
+ENGINE_STAGES = ("step",)
 
 
 class Timers:

@@ -24,7 +24,16 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .simd import activation_rows, exit_values, is_c_array, load_vec, splat, sum_lanes
+from .simd import (
+    PREFETCH_BYTES,
+    activation_rows,
+    exit_values,
+    is_c_array,
+    load_vec,
+    prefetch,
+    splat,
+    sum_lanes,
+)
 
 _I8 = ir.IntType(8)
 _I64 = ir.IntType(64)
@@ -118,7 +127,7 @@ def _q6_k_weights(builder, row_ptr, sb, ds_ptr, dm_ptr, chunk):
     return weights
 
 
-def _rows_codegen(rows: int, decode):
+def _rows_codegen(rows: int, decode, block_bytes: int):
     """IR for `rows` activation rows x[b0 ..] against one K-quant weight row, each 64-weight chunk
     decoded once by `decode` (its per-sub-block scales ds and mins dm precomputed, float32, as the
     reference decoder rounds them) and used by every row."""
@@ -144,6 +153,8 @@ def _rows_codegen(rows: int, decode):
         builder.position_at_end(loop)
         sb = builder.phi(_I64)
         accs = [[builder.phi(_V16F) for _ in range(4)] for _ in range(rows)]
+        block = builder.gep(row_ptr, [builder.mul(sb, ir.Constant(_I64, block_bytes))])
+        prefetch(builder, block, PREFETCH_BYTES, lines=(block_bytes + 63) // 64)
         current = [list(chains) for chains in accs]
         for chunk in range(4):
             weights = decode(builder, row_ptr, sb, ds_ptr, dm_ptr, chunk)
@@ -182,7 +193,9 @@ def _make(kind: str, rows: int, decode):
         ):
             return None
         signature = types.UniTuple(types.float32, rows)(row, ds, dm, x, types.int64)
-        return signature, _rows_codegen(rows, decode)
+        return signature, _rows_codegen(
+            rows, decode, {"q4_k": _Q4_K_BYTES, "q5_k": _Q5_K_BYTES, "q6_k": _Q6_K_BYTES}[kind]
+        )
 
     typer.__name__ = f"{kind}_dot{rows}"
     typer.__doc__ = f"""(row uint8 [row_bytes], ds, dm float32 [per sub-block], x float32 [B, n], b0)

@@ -29,8 +29,17 @@ from numba import types
 from numba.extending import intrinsic
 
 from .features import cpu_features
-from .simd import fma, is_c_array, load_vec, sum_lanes
-from .simd_int8 import PORTABLE, available_paths, concat, const_vec, half, scaled_lanes
+from .simd import PREFETCH_BYTES, fma, is_c_array, load_vec, prefetch, sum_lanes
+from .simd_int8 import (
+    PORTABLE,
+    add_scaled_lanes,
+    available_paths,
+    concat,
+    const_vec,
+    half,
+    low_halves,
+    small_products,
+)
 
 ROW_COUNTS = (1, 2, 3, 4)
 """Activation rows per intrinsic call: 4 rows of two 16-lane accumulators (int and float) and a chunk's
@@ -168,7 +177,13 @@ def _codegen(kind: str, rows: int, path: int):
         acc_phis = [builder.phi(_V16F) for _ in range(rows)]
         min_phis = [builder.phi(_V16F) for _ in range(rows)] if kind != "q6_k" else []
         block = builder.gep(row_ptr, [builder.mul(sb, ir.Constant(_I64, block_bytes))])
+        prefetch(builder, block, PREFETCH_BYTES, lines=(block_bytes + 63) // 64)
         sc, mn, d, dmin = _superblock_scales(builder, kind, block)
+        if kind == "q6_k":  # signed scales: `small_products` wants their high halves clear
+            q6_offsets = low_halves(builder, path, builder.mul(sc, const_vec(_V16I32, -32)))
+            sc = low_halves(builder, path, sc)
+        else:
+            min_factors = _shuffle(builder, mn, [i // 2 for i in range(16)])
         sums = [ir.Constant(_V16I32, None)] * rows
         for chunk in range(4):
             quants = _chunk_quants(builder, kind, block, chunk)
@@ -182,7 +197,7 @@ def _codegen(kind: str, rows: int, path: int):
             byte0 = builder.add(builder.mul(sb, ir.Constant(_I64, 256)), ir.Constant(_I64, 64 * chunk))
             for r in range(rows):
                 act = load_vec(builder, builder.gep(xq_rows[r], [byte0]), _V64I8)
-                sums[r] = builder.add(sums[r], scaled_lanes(builder, path, wide, quants, act, lane_scales))
+                sums[r] = add_scaled_lanes(builder, path, wide, sums[r], quants, act, lane_scales)
         sixteen0 = builder.mul(sb, ir.Constant(_I64, 16))
         accs, new_mins = [], []
         for r in range(rows):
@@ -190,11 +205,11 @@ def _codegen(kind: str, rows: int, path: int):
             xb = load_vec(builder, builder.gep(xb_rows[r], [sixteen0]), _V16I32)
             total = sums[r]
             if kind == "q6_k":  # (q - 32) * sc: minus 32 * sc * (sum of the 16 xq), all exact integers
-                total = builder.sub(total, builder.shl(builder.mul(sc, xb), ir.Constant(_V16I32, [5] * 16)))
+                total = small_products(builder, path, wide, total, xb, q6_offsets)
             scale = _splat(builder, builder.fmul(d, xd), _V16F)
             accs.append(fma(builder, scale, builder.sitofp(total, _V16F), acc_phis[r]))
             if kind != "q6_k":  # sum_j m[j] * xb32[j]: each 16-lane run of xb against its sub-block's min
-                mins = builder.mul(_shuffle(builder, mn, [i // 2 for i in range(16)]), xb)
+                mins = small_products(builder, path, wide, ir.Constant(_V16I32, None), xb, min_factors)
                 min_scale = _splat(builder, builder.fmul(dmin, xd), _V16F)
                 new_mins.append(fma(builder, min_scale, builder.sitofp(mins, _V16F), min_phis[r]))
         following = builder.add(sb, ir.Constant(_I64, 1))

@@ -35,7 +35,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from .features import cpu_features
-from .simd import load_vec, sum_lanes
+from .simd import PREFETCH_BYTES, load_vec, prefetch, sum_lanes
 
 PORTABLE, AVX2, VNNI = 0, 1, 2
 """int8 paths (the `path` argument of the int8 kernels)."""
@@ -187,6 +187,96 @@ def scaled_lanes(
     else:
         lanes = _portable_lanes(builder, "q4_1", weights, act)
     return builder.mul(lanes, scales)
+
+
+def low_halves(builder: ir.IRBuilder, path: int, values: ir.Value) -> ir.Value:
+    """int32 lanes with their high 16 bits cleared (unchanged on the portable path, which multiplies
+    int32s): the form `small_products` and `add_scaled_lanes` want for the factor whose values are all in
+    [-2**15, 2**15)."""
+    if path == PORTABLE:
+        return values
+    return builder.and_(values, const_vec(values.type, 0xFFFF))
+
+
+def small_products(
+    builder: ir.IRBuilder, path: int, wide: bool, acc: ir.Value, values: ir.Value, factors: ir.Value
+) -> ir.Value:
+    """acc + values * factors on <16 x i32>, exact, when every value and factor is in [-2**15, 2**15)
+    and `factors` went through `low_halves`: then an int32 lane read as two int16 is (its value, its sign
+    bits) against (factor, 0), so one vpdpwssd (VNNI) or vpmaddwd (AVX2) gives the product, where a 32-bit
+    multiply costs two µops and twice the latency. Portable: a multiply."""
+    if path == PORTABLE:
+        return builder.add(acc, builder.mul(values, factors))
+    v32i16 = ir.VectorType(_I16, 32)
+    if path == VNNI and wide:
+        return _intrinsic_call(
+            builder,
+            "llvm.x86.avx512.vpdpwssd.512",
+            _V16I32,
+            [acc, builder.bitcast(values, v32i16), builder.bitcast(factors, v32i16)],
+        )
+    parts = []
+    for h in (0, 1):
+        a, v, f = (half(builder, x, h) for x in (acc, values, factors))
+        if path == VNNI:
+            parts.append(
+                _intrinsic_call(
+                    builder,
+                    "llvm.x86.avx512.vpdpwssd.256",
+                    _V8I32,
+                    [a, builder.bitcast(v, _V16I16), builder.bitcast(f, _V16I16)],
+                )
+            )
+        else:
+            prod = _intrinsic_call(
+                builder,
+                "llvm.x86.avx2.pmadd.wd",
+                _V8I32,
+                [builder.bitcast(v, _V16I16), builder.bitcast(f, _V16I16)],
+            )
+            parts.append(builder.add(a, prod))
+    return concat(builder, parts[0], parts[1])
+
+
+def add_scaled_lanes(
+    builder: ir.IRBuilder,
+    path: int,
+    wide: bool,
+    acc: ir.Value,
+    weights: ir.Value,
+    act: ir.Value,
+    scales: ir.Value,
+) -> ir.Value:
+    """acc + `scaled_lanes`, the same integers. On VNNI two instructions per row: vpmaddubsw (pairs of
+    weight x activation bytes, |pair| <= 2 * 63 * 128 < 2**15, so never saturating) then vpdpwssd of the
+    pairs against the scale repeated in both halves of each lane (`scales` through `low_halves`), which
+    adds the two pairs of each lane of four times its scale into acc."""
+    if path != VNNI:
+        return builder.add(acc, scaled_lanes(builder, path, wide, weights, act, scales))
+    doubled = builder.or_(scales, builder.shl(scales, const_vec(_V16I32, 16)))
+    v32i16 = ir.VectorType(_I16, 32)
+    if wide:
+        pairs = _intrinsic_call(builder, "llvm.x86.avx512.pmaddubs.w.512", v32i16, [weights, act])
+        return _intrinsic_call(
+            builder,
+            "llvm.x86.avx512.vpdpwssd.512",
+            _V16I32,
+            [acc, builder.bitcast(pairs, v32i16), builder.bitcast(doubled, v32i16)],
+        )
+    parts = []
+    for h in (0, 1):
+        pairs = _intrinsic_call(
+            builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [half(builder, weights, h), half(builder, act, h)]
+        )
+        parts.append(
+            _intrinsic_call(
+                builder,
+                "llvm.x86.avx512.vpdpwssd.256",
+                _V8I32,
+                [half(builder, acc, h), pairs, builder.bitcast(half(builder, doubled, h), _V16I16)],
+            )
+        )
+    return concat(builder, parts[0], parts[1])
 
 
 class _Pair:
@@ -355,6 +445,7 @@ def _codegen(kind: str, rows: int, path: int):
         accs = [[builder.phi(_V16F) for _ in range(chains)] for _ in range(rows)]
         k = builder.shl(p, ir.Constant(_I64, 1))
         blk = builder.gep(row_ptr, [builder.mul(k, ir.Constant(_I64, block_bytes))])
+        prefetch(builder, blk, PREFETCH_BYTES, lines=(2 * block_bytes + 63) // 64)
         new = step(_Pair(builder, kind, path, wide, blk, 64), k, accs, 64)
         p_next = builder.add(p, ir.Constant(_I64, 1))
         loop_end = builder.block
