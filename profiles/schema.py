@@ -197,11 +197,12 @@ class ProfileFile(_Section):
         "re-checked as the load changes).",
     )
     cpu_kernels: CpuKernels = Field(
-        "exact",
-        description="How the cpu backend multiplies by a GGUF matrix: exact (numba kernels on the "
-        "quantized blocks, float32 accumulation), int8 (integer kernels with activations quantized as "
-        "llama.cpp does, per 32-block for the legacy types and per 256 for the K-quants: faster, "
-        "approximate) or blas (a float32 copy through BLAS).",
+        "int8",
+        description="How the cpu backend multiplies by a GGUF matrix: int8 (the default: integer kernels "
+        "with activations quantized as llama.cpp does, per 32-block for the legacy types and per 256 for "
+        "the K-quants; the fastest mode measured, and batch invariant), exact (numba kernels on the "
+        "quantized blocks, float32 accumulation: equal to the transformers float32 reference token for "
+        "token) or blas (a float32 copy through BLAS).",
     )
     ctx_size: int = Field(4096, description="Context size in tokens; 0 = the model's trained context.")
     batch_size: int = Field(512, description="Prefill chunk: prompt tokens processed per step.")

@@ -120,7 +120,7 @@ def test_a_type_without_kernels_runs_as_floats_with_a_notice(tiny_model_factory)
     model = tiny_model_factory(quant="Q5_1")
     result = infer_cli("generate", "hello", "--raw", "--temp", "0", "-n", "2", "-m", str(model.gguf_path))
     assert result.returncode == 0, result.stderr
-    assert "infer: no exact CPU kernel for Q5_1 matrices: they run as float32 copies" in result.stderr
+    assert "infer: no int8 CPU kernel for Q5_1 matrices: they run as float32 copies" in result.stderr
     quiet = infer_cli("generate", "hello", "--raw", "--temp", "0", "-n", "2", "-m", str(model.gguf_path),
                       "--cpu-kernels", "blas")  # fmt: skip
     assert quiet.returncode == 0 and "CPU kernel" not in quiet.stderr

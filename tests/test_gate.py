@@ -79,7 +79,7 @@ anchors:
         (GOOD.replace("{temperature: 0}", "{temperature: 0, top_p: 1.5}"), "anchors[0].sampler.top_p"),
         (GOOD.replace("{temperature: 0}", "{temperature: 0, tmep: 1}"), "anchors[0].sampler.tmep: unknown"),
         (
-            GOOD + '  - name: a\n    prompt: "x"\n    sampler: {temperature: 0}\n',
+            GOOD + '  - name: a\n    prompt: "x"\n    sampler: {temperature: 0}\n  n_predict: 4\n',
             "anchors[1].name: duplicate",
         ),
         (GOOD.replace('prompt: "Hello"', 'prompt: "Hello"\n    messages: []'), "exactly one of `prompt`"),
@@ -350,3 +350,39 @@ def test_drift_is_caught_reported_and_blessed_back(tmp_path: Path, default_model
     for new, old in zip(restored, original, strict=True):
         assert new["expect"].pop("top2_gaps") == pytest.approx(old["expect"].pop("top2_gaps"), abs=1e-4)
     assert restored == original
+
+
+def test_anchors_pin_their_cpu_kernels_below_the_command_line(tmp_path: Path) -> None:
+    """The shipped anchors were blessed on `exact`; the product's default mode is `int8`. A file's
+    `cpu_kernels` default holds unless the command line or the anchor itself says otherwise, and a mode
+    the cpu backend lacks is refused when the file is read."""
+    from infer.cli.gate.command import anchor_settings
+
+    path = write(
+        tmp_path,
+        "version: 1\ndefaults:\n  cpu_kernels: exact\n  sampler: {temperature: 0}\n  n_predict: 4\nanchors:\n"
+        "  - name: a\n    prompt: hi\n  - name: b\n    prompt: hi\n    cpu_kernels: blas\n",
+    )
+    loaded = load_anchors(path)
+    first, second = loaded.anchors
+    assert anchor_settings(loaded, first, {}).cpu_kernels == "exact"
+    assert anchor_settings(loaded, first, {"cpu_kernels": "int8"}).cpu_kernels == "int8"
+    assert anchor_settings(loaded, second, {"cpu_kernels": "int8"}).cpu_kernels == "blas"
+    bare = write(
+        tmp_path,
+        "version: 1\ndefaults:\n  sampler: {temperature: 0}\n  n_predict: 4\n"
+        "anchors:\n  - name: a\n    prompt: hi\n",
+        "bare.yaml",
+    )
+    loaded_bare = load_anchors(bare)
+    assert anchor_settings(loaded_bare, loaded_bare.anchors[0], {}).cpu_kernels == "int8"
+    for name in ("default.yaml", "gemma3.yaml"):
+        assert yaml.safe_load((ROOT / "anchors" / name).read_text())["defaults"]["cpu_kernels"] == "exact"
+    with pytest.raises(GateFileError, match="cpu_kernels"):
+        load_anchors(
+            write(
+                tmp_path,
+                "version: 1\ndefaults:\n  cpu_kernels: fast\nanchors:\n  - name: a\n    prompt: hi\n",
+                "bad.yaml",
+            )
+        )

@@ -66,7 +66,7 @@ from infer.cli.serve.errors import APIError
 from infer.cli.serve.tools import ToolChoice, read_tool_choice
 from infer.cli.tool_use import ToolRequestError, load_tools, tool_choice_value
 from infer.engine import SamplingParams, SamplingParamsError
-from infer.profiles.schema import SamplerSection
+from infer.profiles.schema import CpuKernels, SamplerSection
 
 SCHEMA_VERSION = 1
 GAP_DECIMALS = 6
@@ -162,6 +162,9 @@ class Defaults(_Strict):
 
     profile: str | None = None
     model: str | None = None
+    cpu_kernels: CpuKernels | None = None
+    """The cpu backend's matmul mode the anchors ran under (a file blessed on `exact` keeps its hashes
+    whatever the product's default mode is)."""
     sampler: dict[str, Any] = Field(default_factory=dict)
     n_predict: int | None = Field(None, ge=1)
 
@@ -187,6 +190,7 @@ class Anchor(_Strict):
     ignore_eos: bool = False
     profile: str | None = None
     model: str | None = None
+    cpu_kernels: CpuKernels | None = None
     json_schema: str | dict[str, Any] | None = None
     """Output constraints, as the flags of the same names (a schema may be written inline as a
     mapping; a file path is relative to the anchors file)."""

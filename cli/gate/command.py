@@ -85,11 +85,11 @@ def anchor_settings(loaded: LoadedAnchors, anchor: ResolvedAnchor, cli_flags: di
     """Resolve one anchor's settings: anchor > command-line flags > file defaults > env > profile."""
     defaults = loaded.spec.defaults
     flags: dict[str, Any] = {}
-    for name in ("profile", "model"):
+    for name in ("profile", "model", "cpu_kernels"):
         if getattr(defaults, name) is not None:
             flags[name] = getattr(defaults, name)
     flags.update(cli_flags)
-    for name in ("profile", "model"):
+    for name in ("profile", "model", "cpu_kernels"):
         if getattr(anchor.anchor, name) is not None:
             flags[name] = getattr(anchor.anchor, name)
     flags.update(anchor.sampler)
@@ -124,6 +124,7 @@ def _engine_key(settings: Settings) -> tuple[Any, ...]:
         settings.dtype,
         settings.strict_backend,
         settings.threads,
+        settings.cpu_kernels,
         settings.ctx_size,
         settings.batch_size,
         settings.max_batched_tokens,

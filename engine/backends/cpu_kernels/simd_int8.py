@@ -30,6 +30,7 @@ simd.py, numba's cache does not see edits here: touch legacy_int8.py after chang
 
 from __future__ import annotations
 
+import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -257,12 +258,11 @@ def add_scaled_lanes(
     v32i16 = ir.VectorType(_I16, 32)
     if wide:
         pairs = _intrinsic_call(builder, "llvm.x86.avx512.pmaddubs.w.512", v32i16, [weights, act])
-        return _intrinsic_call(
-            builder,
-            "llvm.x86.avx512.vpdpwssd.512",
-            _V16I32,
-            [acc, builder.bitcast(pairs, v32i16), builder.bitcast(doubled, v32i16)],
-        )
+        # Inline assembly: LLVM rewrites the vpdpwssd intrinsic into vpmaddwd + vpaddd, one more µop on
+        # the two ports that run 512-bit instructions, which the multi-row kernels are bound by.
+        llvm.initialize_native_asmparser()  # numba's JIT initialises none; inline assembly needs it
+        dpwssd = ir.InlineAsm(ir.FunctionType(_V16I32, [_V16I32] * 3), "vpdpwssd $3, $2, $0", "=v,0,v,v")
+        return builder.call(dpwssd, [acc, builder.bitcast(pairs, _V16I32), doubled])
     parts = []
     for h in (0, 1):
         pairs = _intrinsic_call(
