@@ -2,7 +2,7 @@
 around them, and the engine's step (scheduling, sampling, events).
 
 Usage: python scripts/bench_decode_breakdown.py [--threads 2] [--tokens 128] [--runs 3] [--temp 0]
-       [--cpu-kernels exact]
+       [--cpu-kernels int8]
 Runs greedy (or --temp) generations of --tokens tokens after a warm-up, first plain (ms/token), then with
 every backend op and engine stage timed (the timers add ~0.3 us per call). Times are per token; an op's
 share is of the timed run's token. Quote it beside the load average: other work on the machine inflates
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--temp", type=float, default=0.0)
-    parser.add_argument("--cpu-kernels", default="exact")
+    parser.add_argument("--cpu-kernels", default="int8")
     parser.add_argument("--model", default=None, help="a GGUF path (default: the default model)")
     args = parser.parse_args()
     threadpool_limits(1 if args.cpu_kernels != "blas" else args.threads, user_api="blas")

@@ -3,7 +3,7 @@
 Usage: python scripts/bench_metal.py [--prompt-tokens 128] [--decode-tokens 32] [--streams 4] [--repeats 3]
 On a Mac this measures Metal; on Linux with `mlx[cpu]` it measures MLX's CPU build. The engines run
 interleaved (one measurement of each per repeat) so a busy machine slows them alike; the best of the
-repeats is printed with its ratio to numpy (the cpu backend with its default `exact` kernels).
+repeats is printed with its ratio to numpy (the cpu backend with its `exact` kernels).
 """
 
 from __future__ import annotations

@@ -204,6 +204,7 @@ def copy_tokenizer(writer: gguf.GGUFWriter, vocab: Path) -> None:
 def write_model(path: Path, shape: Shape, mix: str, vocab: Path, seed: int = 0) -> None:
     """A random-weight GGUF of `shape` in quantization mix `mix` (see the module docstring)."""
     rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     writer = gguf.GGUFWriter(tmp, shape.architecture, use_temp_file=True)
     writer.add_name(f"{shape.name} {mix} (random weights, bench_sizes.py)")

@@ -2,9 +2,10 @@
 deliver for a given speed-up (issue 15's copying target).
 
 Usage: python scripts/bench_verify_cost.py [--context 450] [--rows 1,2,3,4,5,9] [--repeats 40]
-       [--cpu-kernels exact|int8] [--target 1.8]
+       [--cpu-kernels int8|exact] [--target 1.8] [--model PATH]
 
-Prefills one sequence of --context tokens of the default model, then times forwards of 1..k+1 rows of
+Prefills one sequence of --context tokens of the default model (or --model, e.g. a bench_sizes.py GGUF
+at the 1B or 8B shape, where decode streams the weights from memory), then times forwards of 1..k+1 rows of
 that sequence at the next position (a decode row, or k drafts plus the last token being verified), the
 median of --repeats each. For each row count it prints the cost against one row and the tokens a verify
 step would have to yield (at most rows) for the speed-up --target: cost x target. Speculation cannot
@@ -31,12 +32,13 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=450)
     parser.add_argument("--rows", default="1,2,3,4,5,9")
     parser.add_argument("--repeats", type=int, default=40)
-    parser.add_argument("--cpu-kernels", default="exact")
+    parser.add_argument("--cpu-kernels", default="int8", help="the product's default mode unless given")
+    parser.add_argument("--model", default=None, help="a GGUF path (default: the default model)")
     parser.add_argument("--target", type=float, default=1.8)
     args = parser.parse_args()
     threadpool_limits(1, user_api="blas")  # what `infer` does beside the numba kernels
     engine = load_engine(
-        ensure_default_model(),
+        args.model or ensure_default_model(),
         EngineConfig(ctx_size=args.context + 64, max_num_seqs=1),
         cpu_kernels=args.cpu_kernels,
     )
