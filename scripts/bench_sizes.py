@@ -3,7 +3,7 @@ and Qwen3-30B-A3B's mixture-of-experts layers (issue 31: `--shapes qwen3moe`, 12
 
 Usage: python scripts/bench_sizes.py [--shapes 1b,3b,8b,qwen3moe] [--mixes Q4_0,Q8_0,Q4_K_M,Q5_K_M,Q6_K]
            [--rounds 3] [--threads N] [--decode 64] [--prefill 256] [--streams 16]
-           [--infer-args "--cpu-kernels int8"] [--models DIR] [--json]
+           [--infer-args "--cpu-kernels exact"] [--models DIR] [--avx2-only] [--json]
 
 Writes random-weight GGUFs at the real shapes (GQA, the 128,256-token Llama 3 vocabulary with the
 tokenizer metadata copied from llama.cpp's own `ggml-vocab-llama-bpe.gguf`, tied heads for 1B/3B and an
@@ -24,6 +24,11 @@ included, the embedding table only when untied, since a lookup reads only its ro
 read bandwidth (a STREAM-style parallel read of 2 GiB on the same threads, measured in this script), and
 infer's peak RSS beside the file size. llama.cpp is built from the llama-cpp-python sdist
 (scripts/llamacpp_build.py). Exit 2 with one line when a build or a run fails.
+
+`--avx2-only` compares the two as an AVX2 machine without VNNI or AVX-512 (Haswell to Zen 3) runs them, on
+a newer host: llama.cpp built without those extensions (GGML_AVX512=OFF, GGML_AVX_VNNI=OFF) and infer's
+kernels compiled by numba for `haswell` with the AVX2 features (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES), so
+they take their AVX2 paths.
 """
 
 from __future__ import annotations
@@ -45,7 +50,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_vs_llamacpp import RunError, Setup, infer_bench_tps, run
-from llamacpp_build import BuildError, cpuinfo_flags, default_cache_dir, ensure_built
+from llamacpp_build import BuildError, avx2_only, cpuinfo_flags, default_cache_dir, ensure_built
+
+HASWELL_FEATURES = (
+    "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+lzcnt,+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,"
+    "+sse4.2,+ssse3,+xsave,-avx512f,-avx512bw,-avx512vl,-avx512dq,-avx512cd,-avx512vnni,-avxvnni"
+)
+"""numba's target features for `--avx2-only` (with NUMBA_CPU_NAME=haswell): AVX2 and FMA, no VNNI or
+AVX-512."""
 
 GGMLType = gguf.GGMLQuantizationType
 
@@ -434,8 +446,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--infer-args", default="", help="appended to every infer command")
     parser.add_argument("--llamacpp-args", default="", help="appended to every llama.cpp command")
     parser.add_argument("--models", type=Path, default=None, help="where the random GGUFs are cached")
+    parser.add_argument("--avx2-only", action="store_true", help="both sides as an AVX2-only CPU runs them")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    flags = cpuinfo_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
+    if args.avx2_only:  # the infer runs are child processes: they compile (and cache) for this target
+        flags = avx2_only(flags)
+        os.environ.update(NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=HASWELL_FEATURES)
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     mixes = [m.strip() for m in args.mixes.split(",") if m.strip()]
@@ -447,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models or cache.parent / "bench-models"
     models.mkdir(parents=True, exist_ok=True)
     try:
-        bins = ensure_built(cache, cpuinfo_flags(Path("/proc/cpuinfo").read_text(errors="replace")), log=say)
+        bins = ensure_built(cache, flags, log=say)
         vocab = vocabulary_gguf(cache)
         bandwidth = read_bandwidth_in_child(args.threads)
         say(f"read bandwidth on {args.threads} threads: {bandwidth:.1f} GB/s")
@@ -499,12 +516,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         rows = [asdict(r) | {"decode_gbs": r.decode_gbs} for r in results]
-        summary = {"cpu": cpu, "threads": args.threads, "bandwidth_gbs": bandwidth, "results": rows}
+        summary = {
+            "cpu": cpu,
+            "avx2_only": args.avx2_only,
+            "threads": args.threads,
+            "bandwidth_gbs": bandwidth,
+            "results": rows,
+        }
         print(json.dumps(summary, indent=1))
     else:
+        target = " (AVX2-only: both sides)" if args.avx2_only else ""
         print(
-            f"\n{cpu}, {args.threads} threads, read bandwidth {bandwidth:.1f} GB/s; decode {args.decode} "
-            f"tokens, prefill {args.prefill}; i/l = infer/llama.cpp, medians of {args.rounds} rounds"
+            f"\n{cpu}{target}, {args.threads} threads, read bandwidth {bandwidth:.1f} GB/s; "
+            f"decode {args.decode} tokens, prefill {args.prefill}; i/l = infer/llama.cpp, "
+            f"medians of {args.rounds} rounds"
         )
         print(render(results))
     return 0

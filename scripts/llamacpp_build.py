@@ -86,6 +86,21 @@ def cpuinfo_flags(text: str) -> set[str]:
     return set()
 
 
+AVX512_AND_VNNI_FLAGS = frozenset(
+    flag
+    for required, option in _FLAG_OPTIONS
+    if option == "GGML_AVX_VNNI" or option.startswith("GGML_AVX512")
+    for flag in required
+)
+"""The /proc/cpuinfo flags of AVX-VNNI and AVX-512 (with its extensions): what an AVX2-only build drops."""
+
+
+def avx2_only(flags: set[str]) -> set[str]:
+    """`flags` as an AVX2 machine without VNNI or AVX-512 has them (Haswell to Zen 3): the build of
+    llama.cpp to set beside `infer` compiled for such a machine on a newer host (`--avx2-only`)."""
+    return set(flags) - AVX512_AND_VNNI_FLAGS
+
+
 def cmake_options(flags: set[str]) -> dict[str, str]:
     """The CMake cache options for a CPU with these /proc/cpuinfo flags: fixed options plus one ON/OFF
     per x86 extension. The AVX-512 extensions need AVX-512 itself, so they are OFF without it."""
@@ -289,8 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", action="store_true", help="also build llama-server")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--avx2-only", action="store_true", help="build without AVX-VNNI and AVX-512")
     args = parser.parse_args(argv)
     flags = cpuinfo_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
+    if args.avx2_only:
+        flags = avx2_only(flags)
     try:
         binaries = ensure_built(default_cache_dir(), flags, jobs=args.jobs)
         print(binaries.bench)

@@ -219,6 +219,17 @@ def test_cmake_options_avx2_only_machine() -> None:
     assert opts["GGML_AVX512"] == opts["GGML_AVX_VNNI"] == "OFF"
 
 
+def test_an_avx2_only_build_of_an_avx512_host_keeps_avx2_and_drops_vnni_and_avx512() -> None:
+    """`--avx2-only` (llamacpp_build, bench_sizes): the build set beside infer compiled for `haswell`."""
+    opts = lb.cmake_options(lb.avx2_only(lb.cpuinfo_flags(CPUINFO)))
+    assert opts["GGML_AVX2"] == opts["GGML_FMA"] == opts["GGML_F16C"] == opts["GGML_BMI2"] == "ON"
+    for key in ("GGML_AVX_VNNI", "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"):
+        assert opts[key] == "OFF", key
+    assert lb.options_key("0.3.36", opts) != lb.options_key(
+        "0.3.36", lb.cmake_options(lb.cpuinfo_flags(CPUINFO))
+    )
+
+
 def test_cmake_options_avx512_extensions_need_the_full_avx512_base() -> None:
     # avx512f without bw/vl (Knights Landing style) cannot build ggml's AVX512 path, so neither it nor
     # its extensions are switched on even when the extension flags are present.

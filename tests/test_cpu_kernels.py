@@ -5,7 +5,10 @@ quantization == llama.cpp's Q8_0, and every feature path."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import numba
 import numpy as np
@@ -180,6 +183,8 @@ def test_half_and_bfloat16_conversions_cover_every_bit_pattern() -> None:
 def test_cpu_features_agree_with_proc_cpuinfo() -> None:
     features = cpu_features()
     assert features.best in ("avx512_vnni", "avx_vnni", "avx2", "portable")
+    if os.environ.get("NUMBA_CPU_FEATURES"):
+        pytest.skip("NUMBA_CPU_FEATURES sets the target's features (test_cpu_features_follow_numba_s_target)")
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), None)
@@ -318,3 +323,16 @@ def test_int8_odd_block_counts_and_row_groups(type_name, cols) -> None:
                 blocks, np.ascontiguousarray(xq_pool[picks]), np.ascontiguousarray(xs_pool[picks]), out, path
             )
             assert np.array_equal(out.view(np.uint32), alone[picks].view(np.uint32)), (path, batch)
+
+
+def test_cpu_features_follow_numba_s_target() -> None:
+    """With numba told to compile for an AVX2 machine (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, how the AVX2
+    code is checked on an AVX-512 host), the kernels choose the AVX2 path: a VNNI instruction in code
+    compiled without VNNI would not run there."""
+    code = (
+        "from infer.engine.backends.cpu_kernels import cpu_features, simd_int8\n"
+        "f = cpu_features(); print(f.best, f.cpu_name, simd_int8.available_paths())"
+    )
+    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,-avx512f"}
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == ["avx2", "haswell", "(0,", "1)"]
