@@ -57,6 +57,20 @@ STDERR = Console(stderr=True)
 """Every notice, progress bar and log goes to stderr so stdout stays machine-readable."""
 
 
+def cpu_mmap(settings: Settings, backend: str) -> bool:
+    """The `mmap` the backend gets: the setting on the cpu backend. The others copy weights to their
+    device: a profile's `mmap: false` (for the cpu it falls back to) does not reach them, and one given
+    by a flag or variable is refused (it would do nothing)."""
+    if backend == "cpu":
+        return bool(settings.mmap)
+    if not settings.mmap and settings.source("mmap").kind in ("flag", "env"):
+        fail(
+            f"{settings.source('mmap')}: mmap false copies weights on the cpu backend only; "
+            f"the {backend} backend copies them to its device"
+        )
+    return True
+
+
 def _transient_bar(console: Console, *columns: ProgressColumn) -> Progress:
     """A description, a bar and `columns`, cleared when done and hidden when `console` is no terminal."""
     return Progress(
@@ -177,7 +191,13 @@ def open_engine(
     notice = fallback_notice(choice)
     if notice:
         print(notice, file=sys.stderr, flush=True)
-    backend = BackendOptions(choice.selected, choice.dtype, settings.cpu_kernels, settings.threads)
+    backend = BackendOptions(
+        choice.selected,
+        choice.dtype,
+        settings.cpu_kernels,
+        settings.threads,
+        cpu_mmap(settings, choice.selected),
+    )
     warning = threads_warning(backend)  # a fixed -t N on cores other processes keep busy
     if warning:
         print(f"infer: warning: {warning}", file=sys.stderr, flush=True)
@@ -203,6 +223,7 @@ def open_engine(
                 cpu_kernels=backend.kernels,
                 threads=backend.threads,
                 draft_model=draft,
+                mmap=backend.mmap,
             )
         except ModelLoadError as exc:  # DraftModelError too: a draft model with another tokenizer
             shown.clear()
@@ -217,6 +238,14 @@ def open_engine(
         print(
             f"infer: no {settings.cpu_kernels} CPU kernel for {', '.join(float_copies)} matrices: "
             "they run as float32 copies through BLAS (more memory, slower)",
+            file=sys.stderr,
+            flush=True,
+        )
+    mapped = getattr(engine.backend, "mapped_bytes", 0)
+    if mapped:
+        print(
+            f"infer: {mapped / 2**20:,.0f} MB of weights stay memory-mapped: copying them (mmap false) would "
+            "not leave 1 GB of memory free",
             file=sys.stderr,
             flush=True,
         )

@@ -21,6 +21,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "dtype": ("--dtype",),
     "threads": ("--threads", "-t"),
     "cpu_kernels": ("--cpu-kernels",),
+    "mmap": ("--mmap",),
     "ctx_size": ("--ctx-size", "-c"),
     "batch_size": ("--batch-size", "-b"),
     "max_batched_tokens": ("--max-batched-tokens",),

@@ -204,6 +204,15 @@ class ProfileFile(_Section):
         "quantized blocks, float32 accumulation: equal to the transformers float32 reference token for "
         "token) or blas (a float32 copy through BLAS).",
     )
+    mmap: bool = Field(
+        False,
+        description="The cpu backend copies the GGUF's blocks into memory at load (false, the default: "
+        "decode at 1B-8B streams every weight byte once a token, and copies on transparent huge pages "
+        "read about 1.2x faster than the file's mapped pages; past what free memory holds the rest stays "
+        "mapped) or computes on them in the file's memory map (true, llama.cpp's default: RSS only for "
+        "the pages read, e.g. the experts a mixture-of-experts model routes to). The GPU backends copy "
+        "weights to their device either way.",
+    )
     ctx_size: int = Field(4096, description="Context size in tokens; 0 = the model's trained context.")
     batch_size: int = Field(512, description="Prefill chunk: prompt tokens processed per step.")
     max_batched_tokens: int = Field(2048, description="Scheduler: most tokens in one step.")

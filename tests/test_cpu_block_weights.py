@@ -174,3 +174,47 @@ def test_stacking_joins_blocks_of_one_type_into_one_matrix_and_keeps_other_types
         assert (together == expected).all()
         for row in (0, KERNEL_ROWS + 1):  # one row writes each part's columns in place
             assert (backend.linear(x[row : row + 1], stacked)[0] == together[row]).all()
+
+
+def test_mmap_false_copies_the_blocks_out_of_the_file_once_with_the_same_logits(quantized_pair) -> None:
+    """`mmap: false` (the default setting): every block matrix is a copy in anonymous memory (the
+    faster pages for decode at size), a tied table used twice is copied once, and the logits are the
+    bits of the mapped model's; with no memory to spare the blocks stay mapped and are counted."""
+    from infer.engine.backends.cpu_memory import read_only_file_map
+
+    model, _ = quantized_pair
+    tokens = list(range(3, 20))
+    mapped, mapped_model = _logits(CpuBackend(kernels="int8"), model.gguf_path, tokens)
+    copying = CpuBackend(kernels="int8", mmap=False)
+    copied, copied_model = _logits(copying, model.gguf_path, tokens)
+    assert np.array_equal(mapped, copied)
+    assert read_only_file_map(mapped_model.layers[0].down.blocks)
+    for weight in (copied_model.layers[0].down, copied_model.layers[0].qkv, copied_model.embed):
+        assert not read_only_file_map(weight.blocks) and not weight.blocks.flags.writeable
+    assert copied_model.embed.blocks is copied_model.lm_head.blocks
+    assert copying.mapped_bytes == 0
+    short = CpuBackend(kernels="int8", mmap=False)
+    short._copy_budget = 0
+    kept, kept_model = _logits(short, model.gguf_path, tokens)
+    assert np.array_equal(kept, mapped) and read_only_file_map(kept_model.layers[0].down.blocks)
+    assert short.mapped_bytes > 0
+
+
+def test_mmap_false_is_refused_by_the_backends_that_copy_to_a_device() -> None:
+    from infer.engine.backends import backend_class
+    from infer.engine.backends.base import BackendOptions
+    from infer.engine.backends.errors import BackendError
+
+    with pytest.raises(BackendError, match="mmap false"):
+        backend_class("cuda").from_options(BackendOptions("cuda", mmap=False))
+
+
+def test_no_mmap_on_the_command_line_is_refused_off_the_cpu() -> None:
+    from infer.cli.runtime import cpu_mmap
+    from infer.profiles.settings import resolve_settings
+
+    assert cpu_mmap(resolve_settings({}, env={}), "cpu") is False  # the default: copy
+    assert cpu_mmap(resolve_settings({"mmap": True}, env={}), "cpu") is True
+    assert cpu_mmap(resolve_settings({}, env={}), "cuda") is True  # the default does not reach a GPU
+    with pytest.raises(SystemExit):
+        cpu_mmap(resolve_settings({"mmap": False}, env={}), "cuda")

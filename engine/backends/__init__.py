@@ -77,13 +77,14 @@ def backend_class(name: str) -> BackendClass:
 
 
 def create_backend(
-    name: str, dtype: str = "float32", *, kernels: str = "blas", threads: int | None = None
+    name: str, dtype: str = "float32", *, kernels: str = "blas", threads: int | None = None, mmap: bool = True
 ) -> Backend:
     """The backend called `name` computing in `dtype`; callers probe first (probe.select_backend) and
     pass what it selected. `kernels` is the matmul mode of a backend that has several
-    (capabilities.kernel_modes), `threads` its host threads (see BackendOptions).
+    (capabilities.kernel_modes), `threads` its host threads, `mmap` where the cpu backend keeps the
+    weights (see BackendOptions).
     Raises BackendError for an unknown or unimplemented backend or a dtype it does not support."""
-    options = BackendOptions(name, dtype, kernels, threads)
+    options = BackendOptions(name, dtype, kernels, threads, mmap)
     return backend_class(name).from_options(options)
 
 

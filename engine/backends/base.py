@@ -85,6 +85,10 @@ class BackendOptions:
     """Host threads for the matmuls: None = the libraries' own counts, left alone (library use);
     0 = all cores (the cpu kernels: one fewer per core other processes keep busy, re-checked before
     each step); N = N (the profile's `threads`)."""
+    mmap: bool = True
+    """The cpu backend computes on the GGUF's blocks where the file is memory-mapped (True) or on a copy
+    in anonymous memory (False, the profile's `mmap: false`); the other backends copy weights to their
+    device either way and take only True."""
 
 
 @dataclass
@@ -126,7 +130,13 @@ class HostSetup:
 
     @classmethod
     def from_options(cls, options: BackendOptions) -> Backend:
-        """The backend `options` ask for (raises BackendError for a dtype it cannot compute in)."""
+        """The backend `options` ask for (raises BackendError for a dtype it cannot compute in, or for
+        `mmap` False, a cpu backend setting)."""
+        if not options.mmap:
+            raise BackendError(
+                f"mmap false (weights copied into memory) is a cpu backend setting; the {cls.name} backend "
+                "copies weights to its device whatever it says: remove it"
+            )
         return cls(options.dtype)  # type: ignore[call-arg,return-value]
 
     @staticmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -29,6 +30,21 @@ def _madvise_dontneed() -> Callable[[int, int], None]:
 
 madvise = _madvise_dontneed()
 """madvise(address, length) with MADV_DONTNEED."""
+
+
+def available_memory() -> int:
+    """Bytes of memory the OS says it can give without swapping (MemAvailable), else physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def contiguous_runs(array: np.ndarray) -> list[tuple[int, int]]:

@@ -164,7 +164,7 @@ class CpuSetup(HostSetup):
     @classmethod
     def from_options(cls, options: BackendOptions) -> Any:
         """The backend in `options.kernels` mode, its kernels on `options.threads` threads."""
-        return cls(options.dtype, kernels=options.kernels, threads=options.threads)  # type: ignore[call-arg]
+        return cls(options.dtype, kernels=options.kernels, threads=options.threads, mmap=options.mmap)  # type: ignore[call-arg]
 
     @staticmethod
     def prepare_process(options: BackendOptions, cache_home: Path) -> None:

@@ -323,10 +323,12 @@ def load_engine(
     cpu_kernels: str = "blas",
     threads: int | None = None,
     draft_model: Path | str | None = None,
+    mmap: bool = True,
 ) -> Engine:
     """Load a checkpoint, build its family's model (through the model registry) on backend
     `backend_name` computing in `dtype` (`cpu_kernels` and `threads`: the backend's matmul mode and
-    host threads, see backends.BackendOptions), wrap it in an Engine and warm it up (see
+    host threads; `mmap` False: the cpu backend copies the weights out of the file map, see
+    backends.BackendOptions), wrap it in an Engine and warm it up (see
     `Engine.warm_up`); `load_seconds` includes the warm-up. With `draft_model`, load that too on the
     same backend, for speculative method draft_model (raises `DraftModelError` when its tokenizer is
     not the target's)."""
@@ -337,7 +339,7 @@ def load_engine(
 
     started = time.perf_counter()
     # a dtype the backend lacks fails before loading
-    backend = create_backend(backend_name, dtype, kernels=cpu_kernels, threads=threads)
+    backend = create_backend(backend_name, dtype, kernels=cpu_kernels, threads=threads, mmap=mmap)
     check_kv_cache_dtype(backend, config.kv_cache_dtype)  # so does a KV cache dtype it cannot store
     checkpoint = load_checkpoint(model_path)
     model = build_model(checkpoint, backend)
