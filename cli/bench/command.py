@@ -607,6 +607,7 @@ def _bench_engine(
         "threads": settings.threads or _compute_threads(engine) or 0,
         "threads_reason": _threads_reason(engine),
         "cpu_kernels": settings.cpu_kernels,
+        "mmap": bool(settings.mmap) if choice.selected == "cpu" else None,
         "kv_cache_dtype": settings.kv_cache_dtype,
         "load_seconds": round(engine.load_seconds, 3),
         "profile": settings.profile_name,

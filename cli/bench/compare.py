@@ -25,7 +25,17 @@ from infer.cli.options import fail
 LATENCY_FIGURES = ("ttft_ms", "itl_ms", "e2e_ms", "tpot_ms")
 STATS = ("mean", "p50", "p90", "p99")
 THROUGHPUT_FIGURES = ("request_throughput", "output_throughput")
-HEADER_KEYS = ("model", "backend", "threads", "cpu_kernels", "kv_cache_dtype", "profile", "server", "api")
+HEADER_KEYS = (
+    "model",
+    "backend",
+    "threads",
+    "cpu_kernels",
+    "mmap",
+    "kv_cache_dtype",
+    "profile",
+    "server",
+    "api",
+)
 """Run settings outside the fingerprint that change the figures (the fingerprint has no thread count)."""
 
 
