@@ -125,6 +125,7 @@ def _engine_key(settings: Settings) -> tuple[Any, ...]:
         settings.strict_backend,
         settings.threads,
         settings.cpu_kernels,
+        settings.mmap,
         settings.ctx_size,
         settings.batch_size,
         settings.max_batched_tokens,
