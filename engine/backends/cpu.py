@@ -40,6 +40,9 @@ does: faster, approximate), `blas` (a float32 copy of every matrix through BLAS)
 COPY_RESERVE = 1 << 30
 """Memory left free when copying weights (`mmap` False): the KV cache, activations, the rest."""
 
+COPY_CHUNK = 16 << 20
+"""Bytes copied out of a file map before its pages are given back (`mmap` False)."""
+
 KERNEL_ROWS = 64
 """Rows of x per kernel call. Kernels give each row the same bits whatever the rows beside it, so a
 longer x runs as consecutive groups of this many rows with no change to any row's result. Each call
@@ -240,10 +243,15 @@ class CpuBackend(cpu_setup.CpuSetup):
         if blocks.nbytes > self._copy_budget:
             self.mapped_bytes += blocks.nbytes
             return blocks
-        copied = read_only(np.array(blocks))
+        copied = np.empty(blocks.shape, dtype=blocks.dtype)
+        step = max(1, COPY_CHUNK // max(1, blocks[:1].nbytes)) if blocks.ndim > 1 else len(blocks)
+        for start in range(0, len(blocks), step):  # the file pages go as their copy is made: RSS peaks
+            part = blocks[start : start + step]  # one chunk above the model's, not one whole matrix
+            copied[start : start + step] = part
+            self.discard(part)
+        copied = read_only(copied)
         self._copy_budget -= blocks.nbytes
         self._copies[key] = copied
-        self.discard(blocks)
         return copied
 
     def stack(
