@@ -79,7 +79,7 @@ anchors:
         (GOOD.replace("{temperature: 0}", "{temperature: 0, top_p: 1.5}"), "anchors[0].sampler.top_p"),
         (GOOD.replace("{temperature: 0}", "{temperature: 0, tmep: 1}"), "anchors[0].sampler.tmep: unknown"),
         (
-            GOOD + '  - name: a\n    prompt: "x"\n    sampler: {temperature: 0}\n  n_predict: 4\n',
+            GOOD + '  - name: a\n    prompt: "x"\n    sampler: {temperature: 0}\n',
             "anchors[1].name: duplicate",
         ),
         (GOOD.replace('prompt: "Hello"', 'prompt: "Hello"\n    messages: []'), "exactly one of `prompt`"),
