@@ -345,9 +345,11 @@ def test_figure_ratio_and_pass_rules() -> None:
 
 
 def test_decode_target_follows_kernel_mode() -> None:
-    assert bvl.decode_target([], None) == (1.0, "exact")
+    assert bvl.decode_target([], None) == (1.3, "int8")  # the default mode
     assert bvl.decode_target(["--profile", "cpu-int8.yaml"], None) == (1.3, "int8")
-    assert bvl.decode_target(["--profile", "x"], 1.2) == (1.2, "exact")
+    assert bvl.decode_target(["--cpu-kernels", "exact"], None) == (1.0, "exact")
+    assert bvl.decode_target(["--cpu-kernels=blas"], None) == (1.0, "blas")
+    assert bvl.decode_target(["--profile", "x"], 1.2) == (1.2, "int8")
 
 
 def test_render_table_has_one_row_per_figure_with_verdicts() -> None:
