@@ -186,7 +186,7 @@ class CpuBackend(cpu_setup.CpuSetup):
         self.step_threads = cpu_setup.StepThreads(BackendOptions(self.name, dtype, kernels, threads, mmap))
         """The kernels' thread count in the step threads (see BackendOptions.threads)."""
         self.mmap = mmap
-        """Compute on the file map's blocks (True) or on copies in anonymous memory (see `weight`)."""
+        """Compute on the file map's blocks (True) or on copies in anonymous memory (see `_resident`)."""
         self._copies: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] = weakref.WeakValueDictionary()
         """The copies in use, by the (address, bytes) of the mapped blocks (a tied table asked for twice
         is copied once; a part that a stack copied together again is dropped with its last user)."""
