@@ -199,6 +199,31 @@ def low_halves(builder: ir.IRBuilder, path: int, values: ir.Value) -> ir.Value:
     return builder.and_(values, const_vec(values.type, 0xFFFF))
 
 
+def _dpwssd(builder: ir.IRBuilder, wide: bool, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    """acc + the int16-pair dot products of a and b (all <16 x i32>, a and b read as 32 int16): vpdpwssd,
+    one 512-bit instruction when `wide` (AVX-512 VNNI), else two 256-bit ones (also AVX-VNNI). The wide
+    one is inline assembly: LLVM rewrites the vpdpwssd intrinsic into vpmaddwd + vpaddd, one more µop
+    on the two ports that run 512-bit instructions, which the multi-row kernels are bound by."""
+    if wide:
+        llvm.initialize_native_asmparser()  # numba's JIT initialises none; inline assembly needs it
+        dpwssd = ir.InlineAsm(ir.FunctionType(_V16I32, [_V16I32] * 3), "vpdpwssd $3, $2, $0", "=v,0,v,v")
+        return builder.call(dpwssd, [acc, a, b])
+    parts = [
+        _intrinsic_call(
+            builder,
+            "llvm.x86.avx512.vpdpwssd.256",
+            _V8I32,
+            [
+                half(builder, acc, h),
+                builder.bitcast(half(builder, a, h), _V16I16),
+                builder.bitcast(half(builder, b, h), _V16I16),
+            ],
+        )
+        for h in (0, 1)
+    ]
+    return concat(builder, parts[0], parts[1])
+
+
 def small_products(
     builder: ir.IRBuilder, path: int, wide: bool, acc: ir.Value, values: ir.Value, factors: ir.Value
 ) -> ir.Value:
@@ -208,34 +233,18 @@ def small_products(
     multiply costs two µops and twice the latency. Portable: a multiply."""
     if path == PORTABLE:
         return builder.add(acc, builder.mul(values, factors))
-    v32i16 = ir.VectorType(_I16, 32)
-    if path == VNNI and wide:
-        return _intrinsic_call(
-            builder,
-            "llvm.x86.avx512.vpdpwssd.512",
-            _V16I32,
-            [acc, builder.bitcast(values, v32i16), builder.bitcast(factors, v32i16)],
-        )
+    if path == VNNI:
+        return _dpwssd(builder, wide, acc, values, factors)
     parts = []
     for h in (0, 1):
         a, v, f = (half(builder, x, h) for x in (acc, values, factors))
-        if path == VNNI:
-            parts.append(
-                _intrinsic_call(
-                    builder,
-                    "llvm.x86.avx512.vpdpwssd.256",
-                    _V8I32,
-                    [a, builder.bitcast(v, _V16I16), builder.bitcast(f, _V16I16)],
-                )
-            )
-        else:
-            prod = _intrinsic_call(
-                builder,
-                "llvm.x86.avx2.pmadd.wd",
-                _V8I32,
-                [builder.bitcast(v, _V16I16), builder.bitcast(f, _V16I16)],
-            )
-            parts.append(builder.add(a, prod))
+        prod = _intrinsic_call(
+            builder,
+            "llvm.x86.avx2.pmadd.wd",
+            _V8I32,
+            [builder.bitcast(v, _V16I16), builder.bitcast(f, _V16I16)],
+        )
+        parts.append(builder.add(a, prod))
     return concat(builder, parts[0], parts[1])
 
 
@@ -255,28 +264,22 @@ def add_scaled_lanes(
     if path != VNNI:
         return builder.add(acc, scaled_lanes(builder, path, wide, weights, act, scales))
     doubled = builder.or_(scales, builder.shl(scales, const_vec(_V16I32, 16)))
-    v32i16 = ir.VectorType(_I16, 32)
     if wide:
-        pairs = _intrinsic_call(builder, "llvm.x86.avx512.pmaddubs.w.512", v32i16, [weights, act])
-        # Inline assembly: LLVM rewrites the vpdpwssd intrinsic into vpmaddwd + vpaddd, one more µop on
-        # the two ports that run 512-bit instructions, which the multi-row kernels are bound by.
-        llvm.initialize_native_asmparser()  # numba's JIT initialises none; inline assembly needs it
-        dpwssd = ir.InlineAsm(ir.FunctionType(_V16I32, [_V16I32] * 3), "vpdpwssd $3, $2, $0", "=v,0,v,v")
-        return builder.call(dpwssd, [acc, builder.bitcast(pairs, _V16I32), doubled])
-    parts = []
-    for h in (0, 1):
         pairs = _intrinsic_call(
-            builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [half(builder, weights, h), half(builder, act, h)]
+            builder, "llvm.x86.avx512.pmaddubs.w.512", ir.VectorType(_I16, 32), [weights, act]
         )
-        parts.append(
+    else:
+        halves = [
             _intrinsic_call(
                 builder,
-                "llvm.x86.avx512.vpdpwssd.256",
-                _V8I32,
-                [half(builder, acc, h), pairs, builder.bitcast(half(builder, doubled, h), _V16I16)],
+                "llvm.x86.avx2.pmadd.ub.sw",
+                _V16I16,
+                [half(builder, weights, h), half(builder, act, h)],
             )
-        )
-    return concat(builder, parts[0], parts[1])
+            for h in (0, 1)
+        ]
+        pairs = concat(builder, halves[0], halves[1])
+    return _dpwssd(builder, wide, acc, builder.bitcast(pairs, _V16I32), doubled)
 
 
 class _Pair:
