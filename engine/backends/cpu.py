@@ -244,7 +244,7 @@ class CpuBackend(cpu_setup.CpuSetup):
             self.mapped_bytes += blocks.nbytes
             return blocks
         copied = np.empty(blocks.shape, dtype=blocks.dtype)
-        step = max(1, COPY_CHUNK // max(1, blocks[:1].nbytes)) if blocks.ndim > 1 else len(blocks)
+        step = max(1, COPY_CHUNK // max(1, blocks.strides[0]))  # leading-axis entries per chunk
         for start in range(0, len(blocks), step):  # the file pages go as their copy is made: RSS peaks
             part = blocks[start : start + step]  # one chunk above the model's, not one whole matrix
             copied[start : start + step] = part
