@@ -43,6 +43,7 @@ _V16F = ir.VectorType(_F32, 16)
 _Q4_K_BYTES = 144
 _Q5_K_BYTES = 176
 _Q6_K_BYTES = 210
+_BLOCK_BYTES = {"q4_k": _Q4_K_BYTES, "q5_k": _Q5_K_BYTES, "q6_k": _Q6_K_BYTES}
 _QS_OFFSET = 16
 """Nibble bytes start after d, dmin (2 halves) and the 12 packed scale bytes."""
 
@@ -193,9 +194,7 @@ def _make(kind: str, rows: int, decode):
         ):
             return None
         signature = types.UniTuple(types.float32, rows)(row, ds, dm, x, types.int64)
-        return signature, _rows_codegen(
-            rows, decode, {"q4_k": _Q4_K_BYTES, "q5_k": _Q5_K_BYTES, "q6_k": _Q6_K_BYTES}[kind]
-        )
+        return signature, _rows_codegen(rows, decode, _BLOCK_BYTES[kind])
 
     typer.__name__ = f"{kind}_dot{rows}"
     typer.__doc__ = f"""(row uint8 [row_bytes], ds, dm float32 [per sub-block], x float32 [B, n], b0)

@@ -10,9 +10,10 @@ so per super-block and activation row
     Q4_K, Q5_K: (d * xd) * A - (dmin * xd) * M,   A = sum_j sc[j] sum_i q_i xq_i,  M = sum_j m[j] xb32[j]
     Q6_K:       (d * xd) * (A - 32 * sum_k sc[k] xb[k])
 with A and M exact int32 sums, 16 lanes wide (lane l summing weights 4l..4l+3 of each 64-weight chunk),
-whichever instructions compute them (vpdpbusd and a multiply by the lanes' scales on VNNI; vpmaddubsw and
-vpmaddwd against the scales on AVX2, as llama.cpp does; widening multiplies elsewhere:
-`simd_int8.scaled_lanes`). The float part is fixed: per super-block acc = fma(d * xd, float(A), acc)
+whichever instructions compute them (vpmaddubsw, then vpdpwssd against the lanes' scales on VNNI;
+vpmaddubsw and vpmaddwd against the scales on AVX2, as llama.cpp does; widening multiplies elsewhere:
+`simd_int8.add_scaled_lanes`; the mins and Q6_K's offsets through `simd_int8.small_products`).
+The float part is fixed: per super-block acc = fma(d * xd, float(A), acc)
 and (Q4_K, Q5_K) accm = fma(dmin * xd, float(M), accm) on 16 lanes, super-block after super-block; then
 sum_lanes(lo + hi of acc) - sum_lanes(lo + hi of accm).
 
