@@ -13,9 +13,11 @@ with A and M exact int32 sums, 16 lanes wide (lane l summing weights 4l..4l+3 of
 whichever instructions compute them (vpmaddubsw, then vpdpwssd against the lanes' scales on VNNI;
 vpmaddubsw and vpmaddwd against the scales on AVX2, as llama.cpp does; widening multiplies elsewhere:
 `simd_int8.add_scaled_lanes`; the mins and Q6_K's offsets through `simd_int8.small_products`).
-The float part is fixed: per super-block acc = fma(d * xd, float(A), acc)
-and (Q4_K, Q5_K) accm = fma(dmin * xd, float(M), accm) on 16 lanes, super-block after super-block; then
-sum_lanes(lo + hi of acc) - sum_lanes(lo + hi of accm).
+The float part is fixed: the 16 lanes of A (and M) are added into one exact int32 per super-block,
+then acc = fma(d * xd, float(A), acc) and (Q4_K, Q5_K) accm = fma(dmin * xd, float(M), accm), scalars,
+super-block after super-block; the result is acc - accm. That per-super-block form is also what the
+tiled kernels of kquants_tiles_int8.py compute for each (weight row, activation row), with activation
+rows in the lanes, so a row's bits are the same whichever of the two kernels a call takes.
 
 That order is written here, fixed for every row and call, and nothing in it depends on B or on the other
 rows of a call: a row's result is bit-identical alone, in any batch, as a verify row, and on every path
@@ -30,14 +32,13 @@ from numba import types
 from numba.extending import intrinsic
 
 from .features import cpu_features
-from .simd import PREFETCH_BYTES, fma, is_c_array, load_vec, prefetch, sum_lanes
+from .simd import PREFETCH_BYTES, fma, is_c_array, load_vec, prefetch, sum_int_lanes_of
 from .simd_int8 import (
     PORTABLE,
     add_scaled_lanes,
     available_paths,
     concat,
     const_vec,
-    half,
     low_halves,
     small_products,
 )
@@ -166,7 +167,13 @@ def _codegen(kind: str, rows: int, path: int):
             xb_rows.append(
                 builder.gep(builder.bitcast(xba.data, _I32.as_pointer()), [builder.mul(b, sixteens)])
             )
-        zero = ir.Constant(_V16F, None)
+        # the float accumulators: lane r = row r's acc, lane rows + r its accm (Q4_K, Q5_K)
+        sums_per_row = 1 if kind == "q6_k" else 2
+        width = 1
+        while width < sums_per_row * rows:
+            width *= 2
+        fty = ir.VectorType(_F32, width)
+        zero = ir.Constant(fty, None)
 
         entry = builder.block
         loop = builder.append_basic_block("superblocks")
@@ -175,8 +182,7 @@ def _codegen(kind: str, rows: int, path: int):
 
         builder.position_at_end(loop)
         sb = builder.phi(_I64)
-        acc_phis = [builder.phi(_V16F) for _ in range(rows)]
-        min_phis = [builder.phi(_V16F) for _ in range(rows)] if kind != "q6_k" else []
+        acc_phi = builder.phi(fty)
         block = builder.gep(row_ptr, [builder.mul(sb, ir.Constant(_I64, block_bytes))])
         prefetch(builder, block, PREFETCH_BYTES, lines=(block_bytes + 63) // 64)
         sc, mn, d, dmin = _superblock_scales(builder, kind, block)
@@ -200,44 +206,38 @@ def _codegen(kind: str, rows: int, path: int):
                 act = load_vec(builder, builder.gep(xq_rows[r], [byte0]), _V64I8)
                 sums[r] = add_scaled_lanes(builder, path, wide, sums[r], quants, act, lane_scales)
         sixteen0 = builder.mul(sb, ir.Constant(_I64, 16))
-        accs, new_mins = [], []
+        totals, mins, scales = [], [], ir.Constant(fty, None)
         for r in range(rows):
             xd = builder.load(builder.gep(xd_rows[r], [sb]))
             xb = load_vec(builder, builder.gep(xb_rows[r], [sixteen0]), _V16I32)
             total = sums[r]
             if kind == "q6_k":  # (q - 32) * sc: minus 32 * sc * (sum of the 16 xq), all exact integers
                 total = small_products(builder, path, wide, total, xb, q6_offsets)
-            scale = _splat(builder, builder.fmul(d, xd), _V16F)
-            accs.append(fma(builder, scale, builder.sitofp(total, _V16F), acc_phis[r]))
+            totals.append(total)
+            scales = builder.insert_element(scales, builder.fmul(d, xd), ir.Constant(_I32, r))
             if kind != "q6_k":  # sum_j m[j] * xb32[j]: each 16-lane run of xb against its sub-block's min
-                mins = small_products(builder, path, wide, ir.Constant(_V16I32, None), xb, min_factors)
-                min_scale = _splat(builder, builder.fmul(dmin, xd), _V16F)
-                new_mins.append(fma(builder, min_scale, builder.sitofp(mins, _V16F), min_phis[r]))
+                mins.append(small_products(builder, path, wide, ir.Constant(_V16I32, None), xb, min_factors))
+                scales = builder.insert_element(scales, builder.fmul(dmin, xd), ir.Constant(_I32, rows + r))
+        # A and M of every row, each summed over its 16 lanes (exact), in one transposing tree
+        exact = sum_int_lanes_of(builder, totals + mins + [ir.Constant(_V16I32, None)] * (width - len(totals) - len(mins)))
+        new_acc = fma(builder, scales, builder.sitofp(exact, fty), acc_phi)
         following = builder.add(sb, ir.Constant(_I64, 1))
         loop_end = builder.block
         builder.cbranch(builder.icmp_unsigned("<", following, n_sb), loop, done)
         sb.add_incoming(ir.Constant(_I64, 0), entry)
         sb.add_incoming(following, loop_end)
-        for phi, new in zip(acc_phis + min_phis, accs + new_mins, strict=True):
-            phi.add_incoming(zero, entry)
-            phi.add_incoming(new, loop_end)
+        acc_phi.add_incoming(zero, entry)
+        acc_phi.add_incoming(new_acc, loop_end)
 
         builder.position_at_end(done)
-        exits = []
-        for new in accs + new_mins:
-            phi = builder.phi(_V16F)
-            phi.add_incoming(zero, entry)
-            phi.add_incoming(new, loop_end)
-            exits.append(phi)
-
-        def reduce(vec: ir.Value) -> ir.Value:
-            return sum_lanes(builder, builder.fadd(half(builder, vec, 0), half(builder, vec, 1)))
-
+        final = builder.phi(fty)
+        final.add_incoming(zero, entry)
+        final.add_incoming(new_acc, loop_end)
         results = []
         for r in range(rows):
-            value = reduce(exits[r])
+            value = builder.extract_element(final, ir.Constant(_I32, r))
             if kind != "q6_k":
-                value = builder.fsub(value, reduce(exits[rows + r]))
+                value = builder.fsub(value, builder.extract_element(final, ir.Constant(_I32, rows + r)))
             results.append(value)
         return context.make_tuple(builder, signature.return_type, results)
 

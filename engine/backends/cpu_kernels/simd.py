@@ -119,6 +119,52 @@ def fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Valu
     return call_intrinsic(builder, f"llvm.fma.v{a.type.count}f32", a.type, [a, b, c])
 
 
+def fma_scalar(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """a * b + c on float32 scalars, one rounding (llvm.fma.f32)."""
+    return call_intrinsic(builder, "llvm.fma.f32", a.type, [a, b, c])
+
+
+def sum_int_lanes_of(builder: ir.IRBuilder, vecs: list[ir.Value]) -> ir.Value:
+    """One integer vector whose lane i is the sum of the lanes of vecs[i] (exact in any order while it
+    does not overflow). The vectors are added pairwise while they are folded, a transposing tree: k
+    vectors of N lanes cost about 3k shuffles and adds, where reducing each alone costs k * 3 log2 N.
+    len(vecs) is padded with zero vectors to a power of two, at most N."""
+    vty = vecs[0].type
+    width = vty.count
+    idx = ir.IntType(32)
+    count = 1
+    while count < len(vecs):
+        count *= 2
+    vecs = list(vecs) + [ir.Constant(vty, None)] * (count - len(vecs))
+    # level by level: pair (a, b) -> [a's runs folded in half, then b's], so each vector holds ever more
+    # sums (in input order) in ever fewer lanes; then the last vector's runs are summed
+    lanes = width
+    while len(vecs) > 1:
+        half = lanes // 2
+        runs = width // lanes
+        lows = [r * lanes + i for r in range(runs) for i in range(half)]
+        highs = [r * lanes + half + i for r in range(runs) for i in range(half)]
+        lo_ty = ir.Constant(ir.VectorType(idx, width), lows + [i + width for i in lows])
+        hi_ty = ir.Constant(ir.VectorType(idx, width), highs + [i + width for i in highs])
+        vecs = [
+            builder.add(builder.shuffle_vector(a, b, lo_ty), builder.shuffle_vector(a, b, hi_ty))
+            for a, b in zip(vecs[0::2], vecs[1::2], strict=True)
+        ]
+        lanes = half
+    vec = vecs[0]
+    # now `count` sums, sum i spread over lanes i * lanes .. (i + 1) * lanes - 1 of `vec`
+    while lanes > 1:
+        half = lanes // 2
+        lo_idx = [run * lanes + i for run in range(count) for i in range(half)]
+        hi_idx = [run * lanes + half + i for run in range(count) for i in range(half)]
+        size = len(lo_idx)
+        lo = builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(idx, size), lo_idx))
+        hi = builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(idx, size), hi_idx))
+        vec = builder.add(lo, hi)
+        lanes = half
+    return vec
+
+
 def sum_lanes(builder: ir.IRBuilder, vec: ir.Value) -> ir.Value:
     """Sum of the lanes by a fixed tree: lanes i and i + N/2, then i and i + N/4, ..., then 0 and 1."""
     width = vec.type.count
