@@ -219,7 +219,7 @@ def _codegen(kind: str, rows: int, path: int):
                 mins.append(small_products(builder, path, wide, ir.Constant(_V16I32, None), xb, min_factors))
                 scales = builder.insert_element(scales, builder.fmul(dmin, xd), ir.Constant(_I32, rows + r))
         # A and M of every row, each summed over its 16 lanes (exact), in one transposing tree
-        exact = sum_int_lanes_of(builder, totals + mins + [ir.Constant(_V16I32, None)] * (width - len(totals) - len(mins)))
+        exact = sum_int_lanes_of(builder, totals + mins)  # padded to `width` lanes with zeros
         new_acc = fma(builder, scales, builder.sitofp(exact, fty), acc_phi)
         following = builder.add(sb, ir.Constant(_I64, 1))
         loop_end = builder.block
