@@ -9,6 +9,7 @@ import pytest
 from test_cpu_kernels_kquants import N_IN, N_OUT, TYPES, random_blocks, reference_weights, rel_err
 
 from infer.engine.backends.cpu_kernels import KERNELS, kquants_int8
+from infer.engine.backends.cpu_kernels import kquants_tiles_int8 as tiles
 from infer.engine.backends.cpu_kernels.activations import quantize_activations_k
 from infer.engine.backends.cpu_kernels.simd_int8 import AVX2, PORTABLE, VNNI, available_paths
 
@@ -69,9 +70,10 @@ def test_matches_the_quantized_activation_reference(case: tuple[str, np.ndarray,
 
 
 def test_a_row_has_the_same_bits_in_every_batch(case: tuple[str, np.ndarray, np.ndarray]) -> None:
-    """Alone == at every position of batches of 1..16 rows (every group size and remainder)."""
+    """Alone == at every position of batches of 1..40 rows (every group size and remainder of the row
+    dots, and from tiles.MIN_ROWS rows the tiled kernel: one, two and three groups of lanes, partial)."""
     type_name, blocks, _ = case
-    rows = _rows(300, 16)
+    rows = _rows(300, 40)
     acts = quantize_activations_k(rows)
 
     def run(index: np.ndarray) -> np.ndarray:
@@ -79,27 +81,31 @@ def test_a_row_has_the_same_bits_in_every_batch(case: tuple[str, np.ndarray, np.
         KERNELS[type_name].matmul_int8(blocks, *(np.ascontiguousarray(a[index]) for a in acts), out)
         return out
 
-    alone = np.concatenate([run(np.array([i])) for i in range(16)])
+    alone = np.concatenate([run(np.array([i])) for i in range(40)])
     rng = np.random.default_rng(7)
-    for n_b in range(1, 17):
-        order = rng.permutation(16)[:n_b]
+    for n_b in range(1, 41):
+        order = rng.permutation(40)[:n_b]
         batch = run(order)
         for pos, i in enumerate(order):
             assert np.array_equal(batch[pos], alone[i]), f"{type_name}: row {i} at {pos} of {n_b}"
 
 
+@pytest.mark.parametrize("n_b", [7, 37])
 @pytest.mark.parametrize("path", [PORTABLE, AVX2, VNNI])
-def test_every_int8_path_gives_the_same_bits(case: tuple[str, np.ndarray, np.ndarray], path: int) -> None:
+def test_every_int8_path_gives_the_same_bits(
+    case: tuple[str, np.ndarray, np.ndarray], path: int, n_b: int
+) -> None:
     """The integer lanes are exact, so each path (one the host lacks runs as portable) gives the bits of
-    the host's best path."""
+    the host's best path: the row dots (7 rows) and the tiled kernel (37)."""
     type_name, blocks, _ = case
-    x = _rows(400, 7)
+    x = _rows(400, n_b)
     acts = quantize_activations_k(x)
-    best = np.full((7, N_OUT), np.nan, np.float32)
+    best = np.full((n_b, N_OUT), np.nan, np.float32)
     KERNELS[type_name].matmul_int8(blocks, *acts, best)
     got = np.full_like(best, np.nan)
     kquants_int8.matmul_int8_path(type_name, blocks, *acts, got, path)
     assert np.array_equal(got, best), f"{type_name}: path {path} (host has {available_paths()})"
+    assert (n_b >= tiles.MIN_ROWS) == (n_b == 37)  # the two kernels are the ones compared
 
 
 def test_bad_shapes_are_refused() -> None:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from . import kquants_simd_int8 as k8
+from . import kquants_tiles_int8 as tiles
 from .activations import quantize_activations_k
 from .kquants import KQUANT_KERNELS as _FLOAT_KQUANT_KERNELS
 from .kquants import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, check_segments, check_shapes
@@ -154,16 +156,26 @@ def _int8_matmul(blocks, xq, xd, xb, out, kind, path):
 
 
 @njit(cache=True)
-def _matmul(blocks, xq, xd, xb, out, kind, path):
+def _matmul(blocks, xq, xd, xb, out, kind, path, lanes, rows_per_call, threads):
+    """Shape checks, then the row dots, or from tiles.MIN_ROWS activation rows on the tiled kernel
+    (`lanes`, `rows_per_call`: its shape on `path`): the same bits either way."""
     block_bytes = (Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES)[kind]
     check_shapes(blocks, xq.shape[1], block_bytes, xq.shape[0], out)
     if xd.shape[0] != xq.shape[0] or xd.shape[1] * 256 != xq.shape[1]:
         raise ValueError("xd must be [B, in // 256]")
     if xb.shape[0] != xq.shape[0] or xb.shape[1] * 16 != xq.shape[1]:
         raise ValueError("xb must be [B, in // 16]")
-    _int8_matmul(
-        blocks, np.ascontiguousarray(xq), np.ascontiguousarray(xd), np.ascontiguousarray(xb), out, kind, path
-    )
+    xq, xd, xb = np.ascontiguousarray(xq), np.ascontiguousarray(xd), np.ascontiguousarray(xb)
+    if xq.shape[0] >= tiles.MIN_ROWS:
+        xp, xdp, xbp = tiles.pack_activations(xq, xd, xb, lanes)
+        tiles.tiled_matmul(blocks, xp, xdp, xbp, xq.shape[0], out, kind, path, lanes, rows_per_call, threads)
+    else:
+        _int8_matmul(blocks, xq, xd, xb, out, kind, path)
+
+
+def _run(blocks, xq, xd, xb, out, kind: int, path: int) -> None:
+    lanes = tiles.path_lanes(path)
+    _matmul(blocks, xq, xd, xb, out, kind, path, lanes, tiles.rows_per_call(lanes), numba.get_num_threads())
 
 
 @njit(cache=True, parallel=True)
@@ -219,28 +231,28 @@ def matmul_int8_path(
 ) -> None:
     """K-quant `type_name` weights against int8 activations through int8 path `path` (every path gives
     the same bits; one the host lacks runs as portable)."""
-    _matmul(blocks, xq, xd, xb, out, ("Q4_K", "Q5_K", "Q6_K").index(type_name), path)
+    _run(blocks, xq, xd, xb, out, ("Q4_K", "Q5_K", "Q6_K").index(type_name), path)
 
 
 def q4_k_matmul_int8(
     blocks: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray, out: np.ndarray
 ) -> None:
     """Q4_K weights against int8 activations (quantize_activations_k) through the host's best path."""
-    _matmul(blocks, xq, xd, xb, out, 0, INT8_PATH)
+    _run(blocks, xq, xd, xb, out, 0, INT8_PATH)
 
 
 def q5_k_matmul_int8(
     blocks: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray, out: np.ndarray
 ) -> None:
     """Q5_K weights against int8 activations (quantize_activations_k) through the host's best path."""
-    _matmul(blocks, xq, xd, xb, out, 1, INT8_PATH)
+    _run(blocks, xq, xd, xb, out, 1, INT8_PATH)
 
 
 def q6_k_matmul_int8(
     blocks: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray, out: np.ndarray
 ) -> None:
     """Q6_K weights against int8 activations (quantize_activations_k) through the host's best path."""
-    _matmul(blocks, xq, xd, xb, out, 2, INT8_PATH)
+    _run(blocks, xq, xd, xb, out, 2, INT8_PATH)
 
 
 KQUANT_KERNELS: dict[str, QuantKernels] = {

@@ -38,6 +38,10 @@ from numba.extending import intrinsic
 from .features import cpu_features
 from .simd import PREFETCH_BYTES, load_vec, prefetch, sum_lanes
 
+# numba's JIT initialises no assembly parser, and a module holding `_dpwssd`'s inline assembly can be
+# emitted without `_dpwssd` running in this process (a caller compiled anew around cached callees)
+llvm.initialize_native_asmparser()
+
 PORTABLE, AVX2, VNNI = 0, 1, 2
 """int8 paths (the `path` argument of the int8 kernels)."""
 
@@ -205,7 +209,6 @@ def _dpwssd(builder: ir.IRBuilder, wide: bool, acc: ir.Value, a: ir.Value, b: ir
     one is inline assembly: LLVM rewrites the vpdpwssd intrinsic into vpmaddwd + vpaddd, one more µop
     on the two ports that run 512-bit instructions, which the multi-row kernels are bound by."""
     if wide:
-        llvm.initialize_native_asmparser()  # numba's JIT initialises none; inline assembly needs it
         dpwssd = ir.InlineAsm(ir.FunctionType(_V16I32, [_V16I32] * 3), "vpdpwssd $3, $2, $0", "=v,0,v,v")
         return builder.call(dpwssd, [acc, a, b])
     parts = [

@@ -1,0 +1,523 @@
+"""Tiled int8 products of K-quant weights (Q4_K, Q5_K, Q6_K) with many activation rows: prefill and
+batches of streams, where the row dots of kquants_simd_int8.py would decode every super-block's quants
+and scales again for each four activation rows, and spend two multiplies on every 64 products.
+
+Here one lane holds one activation row. Each tile of TILE weight rows is unpacked once per call into
+signed bytes (Q4_K, Q5_K: q; Q6_K: q - 32) with its scales as int32, and the activations are packed once
+per call, LANES rows at a time, four bytes of each row side by side (xq + 128: unsigned, what vpdpbusd
+multiplies). Then one vpdpbusd adds four products of a weight row, broadcast, into every activation row's
+lane; a sub-block's sums are multiplied by its scale (vpmulld), and the exact integers of a super-block are
+    A = sum_j sc[j] * sum_i q_i (xq_i + 128) - 128 * sum_j sc[j] * sum_i q_i  (= sum_j sc[j] sum_i q_i xq_i)
+    M = sum_j m[j] * xb32[j]                                                  (Q4_K, Q5_K)
+the same A and M the row dots compute (all exact int32), followed by the same float part, lane by lane:
+acc = fma(d * xd, float(A), acc), accm = fma(dmin * xd, float(M), accm), super-block after super-block,
+result acc - accm. So every out[b, o] has the bits the row dots give it, whichever kernel a call takes,
+on every path (AVX-512 VNNI: 16 lanes; AVX-VNNI, AVX2 (vpmaddubsw + vpmaddwd) and portable: 8).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .features import cpu_features
+from .kquants_simd_int8 import BLOCK_BYTES, _chunk_quants, _superblock_scales
+from .simd import call_intrinsic, fma, is_c_array, load_vec
+from .simd_int8 import AVX2, PORTABLE, VNNI, _intrinsic_call, _vpdpbusd, available_paths, const_vec, half
+
+TILE = 16
+"""Weight rows unpacked together (a parallel work item)."""
+
+MIN_ROWS = 10
+"""Activation rows from which a call takes the tiled kernel (fewer: the row dots). Measured on an
+8192 x 2048 Q4_K matrix, one thread, AVX-512 VNNI: 8 rows cost the same both ways, 10 rows 0.78x the row
+dots' time, 16 rows 0.51x, 64 rows 0.38x (the 8-lane AVX2 path: 0.60x at 8 rows)."""
+
+_I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_F32 = ir.FloatType()
+
+KINDS = ("q4_k", "q5_k", "q6_k")
+SUB_BLOCKS = {"q4_k": 8, "q5_k": 8, "q6_k": 16}
+"""Scales per super-block: one per 32 weights (Q4_K, Q5_K) or per 16 (Q6_K)."""
+
+
+def lanes_of(path: int) -> int:
+    """Activation rows per vector on `path`: 16 with AVX-512 VNNI, else 8 (256-bit vectors)."""
+    return 16 if path == VNNI and cpu_features().avx512_vnni else 8
+
+
+def rows_per_call(lanes: int) -> int:
+    """Weight rows one kernel call computes (sharing each load of packed activations): 4 in 32 zmm
+    registers, 2 in AVX2's 16."""
+    return 4 if lanes == 16 else 2
+
+
+def _splat(builder: ir.IRBuilder, value: ir.Value, count: int) -> ir.Value:
+    vty = ir.VectorType(value.type, count)
+    vec = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(_I32, count), [0] * count))
+
+
+def _dot4(builder: ir.IRBuilder, path: int, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
+    """acc + the sums of four unsigned x signed byte products per int32 lane (exact: |q| <= 32)."""
+    lanes = acc.type.count
+    if path == VNNI:
+        return _vpdpbusd(builder, acc, unsigned, signed, lanes == 16)
+    if path == AVX2:  # |pair| <= 2 * 255 * 32 < 2**15: vpmaddubsw never saturates here
+        v16i16 = ir.VectorType(_I16, 16)
+        pairs = _intrinsic_call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [unsigned, signed])
+        quads = _intrinsic_call(
+            builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_I32, 8), [pairs, const_vec(v16i16, 1)]
+        )
+        return builder.add(acc, quads)
+    wide = ir.VectorType(_I32, 4 * lanes)
+    prod = builder.mul(builder.zext(unsigned, wide), builder.sext(signed, wide))
+    for part in range(4):
+        picked = builder.shuffle_vector(
+            prod, prod, ir.Constant(ir.VectorType(_I32, lanes), [4 * i + part for i in range(lanes)])
+        )
+        acc = builder.add(acc, picked)
+    return acc
+
+
+def _pair_products(builder: ir.IRBuilder, path: int, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    """acc + lo16(a) * lo16(b) + hi16(a) * hi16(b) per int32 lane, the halves signed (exact)."""
+    lanes = acc.type.count
+    v_i16 = ir.VectorType(_I16, 2 * lanes)
+    if path == VNNI and lanes == 8:
+        return _intrinsic_call(
+            builder,
+            "llvm.x86.avx512.vpdpwssd.256",
+            acc.type,
+            [acc, builder.bitcast(a, v_i16), builder.bitcast(b, v_i16)],
+        )
+    if path in (VNNI, AVX2):
+        if lanes == 8:
+            return builder.add(
+                acc,
+                _intrinsic_call(
+                    builder,
+                    "llvm.x86.avx2.pmadd.wd",
+                    acc.type,
+                    [builder.bitcast(a, v_i16), builder.bitcast(b, v_i16)],
+                ),
+            )
+        return builder.add(
+            acc,
+            _intrinsic_call(
+                builder,
+                "llvm.x86.avx512.pmaddw.d.512",
+                acc.type,
+                [builder.bitcast(a, v_i16), builder.bitcast(b, v_i16)],
+            ),
+        )
+    sixteen = const_vec(acc.type, 16)
+
+    def low(v: ir.Value) -> ir.Value:
+        return builder.ashr(builder.shl(v, sixteen), sixteen)
+
+    def high(v: ir.Value) -> ir.Value:
+        return builder.ashr(v, sixteen)
+
+    return builder.add(acc, builder.add(builder.mul(low(a), low(b)), builder.mul(high(a), high(b))))
+
+
+def _codegen(kind: str, path: int, lanes: int, rows: int):
+    subs = SUB_BLOCKS[kind]
+    quads_per_sub = 256 // subs // 4
+    has_min = kind != "q6_k"
+    ity = ir.VectorType(_I32, lanes)
+    fty = ir.VectorType(_F32, lanes)
+    bty = ir.VectorType(_I8, 4 * lanes)
+
+    def codegen(context, builder, signature, args):
+        wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res = (
+            context.make_array(t)(context, builder, a)
+            for t, a in zip(signature.args[:10], args[:10], strict=True)
+        )
+        g, r0 = args[10], args[11]
+        n = builder.extract_value(wq.shape, 1)
+        n_sb = builder.udiv(n, ir.Constant(_I64, 256))
+        wq_ptr = builder.bitcast(wq.data, _I8.as_pointer())
+        sc_ptr = builder.bitcast(sc.data, _I32.as_pointer())
+        corr_ptr = builder.bitcast(corr.data, _I32.as_pointer())
+        dd_ptr = builder.bitcast(dd.data, _F32.as_pointer())
+        dm_ptr = builder.bitcast(dm.data, _F32.as_pointer())
+        mp_ptr = builder.bitcast(mp.data, _I32.as_pointer())
+        # this group's packed activations: n bytes of each of `lanes` rows; xd and the xb pairs per sb
+        xp_ptr = builder.gep(
+            builder.bitcast(xp.data, _I8.as_pointer()),
+            [builder.mul(g, builder.mul(n, ir.Constant(_I64, lanes)))],
+        )
+        xd_ptr = builder.gep(
+            builder.bitcast(xdp.data, _F32.as_pointer()),
+            [builder.mul(g, builder.mul(n_sb, ir.Constant(_I64, lanes)))],
+        )
+        xb_ptr = builder.gep(
+            builder.bitcast(xbp.data, _I32.as_pointer()),
+            [builder.mul(g, builder.mul(n_sb, ir.Constant(_I64, 4 * lanes)))],
+        )
+        row_ids = [builder.add(r0, ir.Constant(_I64, r)) for r in range(rows)]
+        zero_f = ir.Constant(fty, None)
+
+        entry = builder.block
+        loop = builder.append_basic_block("superblocks")
+        done = builder.append_basic_block("store")
+        builder.cbranch(builder.icmp_unsigned(">", n_sb, ir.Constant(_I64, 0)), loop, done)
+
+        builder.position_at_end(loop)
+        sb = builder.phi(_I64)
+        acc_phis = [builder.phi(fty) for _ in range(rows)]
+        min_phis = [builder.phi(fty) for _ in range(rows)] if has_min else []
+        row_sb = [builder.add(builder.mul(row, n_sb), sb) for row in row_ids]  # index into [rows, n_sb]
+        w_rows = [
+            builder.gep(wq_ptr, [builder.add(builder.mul(row, n), builder.mul(sb, ir.Constant(_I64, 256)))])
+            for row in row_ids
+        ]
+        x_sb = builder.gep(xp_ptr, [builder.mul(sb, ir.Constant(_I64, 256 * lanes))])
+        sums = [ir.Constant(ity, None)] * rows
+        for j in range(subs):
+            parts = [ir.Constant(ity, None)] * rows
+            for q in range(quads_per_sub):
+                quad = j * quads_per_sub + q
+                xv = load_vec(builder, builder.gep(x_sb, [ir.Constant(_I64, 4 * lanes * quad)]), bty)
+                for r in range(rows):
+                    wptr = builder.bitcast(
+                        builder.gep(w_rows[r], [ir.Constant(_I64, 4 * quad)]), _I32.as_pointer()
+                    )
+                    wv = builder.bitcast(_splat(builder, builder.load(wptr, align=1), lanes), bty)
+                    parts[r] = _dot4(builder, path, parts[r], xv, wv)
+            for r in range(rows):
+                index = builder.add(builder.mul(row_sb[r], ir.Constant(_I64, subs)), ir.Constant(_I64, j))
+                scale = _splat(builder, builder.load(builder.gep(sc_ptr, [index])), lanes)
+                sums[r] = builder.add(sums[r], builder.mul(parts[r], scale))
+        xd = load_vec(builder, builder.gep(xd_ptr, [builder.mul(sb, ir.Constant(_I64, lanes))]), fty)
+        accs, mins = [], []
+        for r in range(rows):
+            total = builder.sub(
+                sums[r], _splat(builder, builder.load(builder.gep(corr_ptr, [row_sb[r]])), lanes)
+            )
+            d = _splat(builder, builder.load(builder.gep(dd_ptr, [row_sb[r]])), lanes)
+            accs.append(fma(builder, builder.fmul(d, xd), builder.sitofp(total, fty), acc_phis[r]))
+            if has_min:
+                m = ir.Constant(ity, None)
+                for p in range(4):
+                    xb = load_vec(
+                        builder,
+                        builder.gep(
+                            xb_ptr,
+                            [
+                                builder.add(
+                                    builder.mul(sb, ir.Constant(_I64, 4 * lanes)),
+                                    ir.Constant(_I64, p * lanes),
+                                )
+                            ],
+                        ),
+                        ity,
+                    )
+                    factor = builder.load(
+                        builder.gep(
+                            mp_ptr,
+                            [builder.add(builder.mul(row_sb[r], ir.Constant(_I64, 4)), ir.Constant(_I64, p))],
+                        )
+                    )
+                    m = _pair_products(builder, path, m, xb, _splat(builder, factor, lanes))
+                dmin = _splat(builder, builder.load(builder.gep(dm_ptr, [row_sb[r]])), lanes)
+                mins.append(fma(builder, builder.fmul(dmin, xd), builder.sitofp(m, fty), min_phis[r]))
+        following = builder.add(sb, ir.Constant(_I64, 1))
+        loop_end = builder.block
+        builder.cbranch(builder.icmp_unsigned("<", following, n_sb), loop, done)
+        sb.add_incoming(ir.Constant(_I64, 0), entry)
+        sb.add_incoming(following, loop_end)
+        for phi, new in zip(acc_phis + min_phis, accs + mins, strict=True):
+            phi.add_incoming(zero_f, entry)
+            phi.add_incoming(new, loop_end)
+
+        builder.position_at_end(done)
+        finals = []
+        for new in accs + mins:  # every phi first, at the top of the block
+            phi = builder.phi(fty)
+            phi.add_incoming(zero_f, entry)
+            phi.add_incoming(new, loop_end)
+            finals.append(phi)
+        res_ptr = builder.bitcast(res.data, _F32.as_pointer())
+        for r in range(rows):
+            final = builder.fsub(finals[r], finals[rows + r]) if has_min else finals[r]
+            target = builder.gep(res_ptr, [ir.Constant(_I64, r * lanes)])
+            builder.store(final, builder.bitcast(target, fty.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _make(kind: str, path: int):
+    lanes = lanes_of(path) if path in available_paths() else 8
+    if path not in available_paths():
+        path = PORTABLE
+    rows = rows_per_call(lanes)
+
+    def typer(typingctx, wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0):
+        arrays = (
+            (wq, types.int8, 2),
+            (sc, types.int32, 3),
+            (corr, types.int32, 2),
+            (dd, types.float32, 2),
+            (dm, types.float32, 2),
+            (mp, types.int32, 3),
+            (xp, types.uint32, 3),
+            (xdp, types.float32, 3),
+            (xbp, types.int32, 4),
+            (res, types.float32, 2),
+        )
+        if not (all(is_c_array(a, t, n) for a, t, n in arrays) and isinstance(g, types.Integer)):
+            return None
+        if not isinstance(r0, types.Integer):
+            return None
+        sig = types.void(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, types.int64, types.int64)
+        return sig, _codegen(kind, path, lanes, rows)
+
+    typer.__name__ = f"{kind}_tile_{('portable', 'avx2', 'vnni')[path]}"
+    return intrinsic(typer)
+
+
+def _byte_sums_of_eights(builder: ir.IRBuilder, quants: ir.Value) -> ir.Value:
+    """<8 x i32>: the sums of each eight of 64 unsigned bytes (vpsadbw against zero where the host has
+    it, else widening adds)."""
+    features = cpu_features()
+    v8i64 = ir.VectorType(_I64, 8)
+    if features.avx512_vnni:  # implies AVX-512 BW (features.py)
+        sad = _intrinsic_call(
+            builder, "llvm.x86.avx512.psad.bw.512", v8i64, [quants, ir.Constant(quants.type, None)]
+        )
+    elif features.avx2:
+        v32 = ir.VectorType(_I8, 32)
+        halves = [
+            _intrinsic_call(
+                builder,
+                "llvm.x86.avx2.psad.bw",
+                ir.VectorType(_I64, 4),
+                [half(builder, quants, h), ir.Constant(v32, None)],
+            )
+            for h in (0, 1)
+        ]
+        sad = builder.shuffle_vector(
+            halves[0], halves[1], ir.Constant(ir.VectorType(_I32, 8), list(range(8)))
+        )
+    else:
+        wide = builder.zext(quants, ir.VectorType(_I32, 64))
+        total = None
+        for i in range(8):
+            picked = builder.shuffle_vector(
+                wide, wide, ir.Constant(ir.VectorType(_I32, 8), [8 * g + i for g in range(8)])
+            )
+            total = picked if total is None else builder.add(total, picked)
+        return total
+    return builder.trunc(sad, ir.VectorType(_I32, 8))
+
+
+def _unpack_codegen(kind: str):
+    block_bytes = BLOCK_BYTES[kind]
+    subs = SUB_BLOCKS[kind]
+    run = 256 // subs  # weights per scale
+
+    def codegen(context, builder, signature, args):
+        row, wq, sc, corr, dd, dm, mp = (
+            context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args, strict=True)
+        )
+        n = builder.extract_value(wq.shape, 0)
+        n_sb = builder.udiv(n, ir.Constant(_I64, 256))
+        row_ptr = builder.bitcast(row.data, _I8.as_pointer())
+        wq_ptr = builder.bitcast(wq.data, _I8.as_pointer())
+        sc_ptr = builder.bitcast(sc.data, _I32.as_pointer())
+        v64 = ir.VectorType(_I8, 64)
+        vsub = ir.VectorType(_I32, subs)
+
+        entry = builder.block
+        loop = builder.append_basic_block("unpack")
+        done = builder.append_basic_block("unpacked")
+        builder.cbranch(builder.icmp_unsigned(">", n_sb, ir.Constant(_I64, 0)), loop, done)
+        builder.position_at_end(loop)
+        sb = builder.phi(_I64)
+        block = builder.gep(row_ptr, [builder.mul(sb, ir.Constant(_I64, block_bytes))])
+        scales, mins, d, dmin = _superblock_scales(builder, kind, block)
+        sums = ir.Constant(vsub, None)  # each sub-block's sum of its signed bytes
+        for chunk in range(4):
+            quants = _chunk_quants(builder, kind, block, chunk)
+            eights = _byte_sums_of_eights(builder, quants)  # <8 x i32>: each 8 unsigned quants' sum
+            per = run // 8
+            for part in range(64 // run):
+                total = builder.extract_element(eights, ir.Constant(_I32, part * per))
+                for i in range(1, per):
+                    total = builder.add(
+                        total, builder.extract_element(eights, ir.Constant(_I32, part * per + i))
+                    )
+                if kind == "q6_k":
+                    total = builder.sub(total, ir.Constant(_I32, 32 * run))
+                sums = builder.insert_element(sums, total, ir.Constant(_I32, chunk * (64 // run) + part))
+            if kind == "q6_k":
+                quants = builder.sub(quants, const_vec(v64, 32))
+            target = builder.gep(
+                wq_ptr, [builder.add(builder.mul(sb, ir.Constant(_I64, 256)), ir.Constant(_I64, 64 * chunk))]
+            )
+            builder.store(quants, builder.bitcast(target, v64.as_pointer()), align=1)
+        at = builder.mul(sb, ir.Constant(_I64, subs))
+        builder.store(scales, builder.bitcast(builder.gep(sc_ptr, [at]), vsub.as_pointer()), align=4)
+        weighted = call_intrinsic(
+            builder, f"llvm.vector.reduce.add.v{subs}i32", _I32, [builder.mul(scales, sums)]
+        )
+        corr_ptr = builder.gep(builder.bitcast(corr.data, _I32.as_pointer()), [sb])
+        builder.store(builder.mul(weighted, ir.Constant(_I32, 128)), corr_ptr)
+        builder.store(d, builder.gep(builder.bitcast(dd.data, _F32.as_pointer()), [sb]))
+        if kind != "q6_k":
+            builder.store(dmin, builder.gep(builder.bitcast(dm.data, _F32.as_pointer()), [sb]))
+            v4 = ir.VectorType(_I32, 4)
+            even = builder.shuffle_vector(mins, mins, ir.Constant(v4, [0, 2, 4, 6]))
+            odd = builder.shuffle_vector(mins, mins, ir.Constant(v4, [1, 3, 5, 7]))
+            pairs = builder.or_(even, builder.shl(odd, const_vec(v4, 16)))
+            mp_ptr = builder.gep(
+                builder.bitcast(mp.data, _I32.as_pointer()), [builder.mul(sb, ir.Constant(_I64, 4))]
+            )
+            builder.store(pairs, builder.bitcast(mp_ptr, v4.as_pointer()), align=4)
+        following = builder.add(sb, ir.Constant(_I64, 1))
+        loop_end = builder.block
+        builder.cbranch(builder.icmp_unsigned("<", following, n_sb), loop, done)
+        sb.add_incoming(ir.Constant(_I64, 0), entry)
+        sb.add_incoming(following, loop_end)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _make_unpack(kind: str):
+    def typer(typingctx, row, wq, sc, corr, dd, dm, mp):
+        arrays = (
+            (row, types.uint8, 1),
+            (wq, types.int8, 1),
+            (sc, types.int32, 2),
+            (corr, types.int32, 1),
+            (dd, types.float32, 1),
+            (dm, types.float32, 1),
+            (mp, types.int32, 2),
+        )
+        if not all(is_c_array(a, t, n) for a, t, n in arrays):
+            return None
+        return types.void(row, wq, sc, corr, dd, dm, mp), _unpack_codegen(kind)
+
+    typer.__name__ = f"{kind}_unpack"
+    return intrinsic(typer)
+
+
+q4_k_unpack, q5_k_unpack, q6_k_unpack = (_make_unpack(k) for k in KINDS)
+
+# module-level names (numba resolves intrinsics as globals)
+q4_k_tile_portable, q4_k_tile_avx2, q4_k_tile_vnni = (_make("q4_k", p) for p in (PORTABLE, AVX2, VNNI))
+q5_k_tile_portable, q5_k_tile_avx2, q5_k_tile_vnni = (_make("q5_k", p) for p in (PORTABLE, AVX2, VNNI))
+q6_k_tile_portable, q6_k_tile_avx2, q6_k_tile_vnni = (_make("q6_k", p) for p in (PORTABLE, AVX2, VNNI))
+
+
+def path_lanes(path: int) -> int:
+    """The lanes the kernels of `path` were built with (a path the host lacks runs as portable, 8)."""
+    return lanes_of(path) if path in available_paths() else 8
+
+
+@njit(cache=True, parallel=True)
+def pack_activations(xq, xd, xb, lanes):
+    """(xp uint32 [G, n // 4, lanes], xdp float32 [G, n // 256, lanes], xbp int32 [G, n // 256, 4,
+    lanes]) for G = ceil(B / lanes) groups: each four bytes of a row + 128 (one uint32 a lane), each row's
+    xd per super-block, and its pairs (xb32[2p], xb32[2p + 1]) as int16 halves (xb32[j]: the sum of 32
+    xq). Lanes past B are zero."""
+    n_b, n = xq.shape
+    n_sb = n // 256
+    groups = (n_b + lanes - 1) // lanes
+    xp32 = np.zeros((groups, n // 4, lanes), np.uint32)
+    xdp = np.zeros((groups, n_sb, lanes), np.float32)
+    xbp = np.zeros((groups, n_sb, 4, lanes), np.int32)
+    for b in prange(n_b):
+        g = b // lanes
+        lane = b - g * lanes
+        row = xq[b].view(np.uint32)
+        for k in range(n // 4):
+            xp32[g, k, lane] = row[k] ^ np.uint32(0x80808080)  # + 128 in every byte
+        for s in range(n_sb):
+            xdp[g, s, lane] = xd[b, s]
+            for p in range(4):
+                lo = xb[b, s * 16 + 4 * p] + xb[b, s * 16 + 4 * p + 1]
+                hi = xb[b, s * 16 + 4 * p + 2] + xb[b, s * 16 + 4 * p + 3]
+                xbp[g, s, p, lane] = (lo & 0xFFFF) | (hi << 16)
+    return xp32, xdp, xbp
+
+
+@njit(cache=True)
+def _pack_tile(blocks, o0, count, kind, wq, sc, corr, dd, dm, mp):
+    """Unpack weight rows o0 .. o0 + count - 1 into rows 0.. of the tile arrays (see `_codegen`)."""
+    for r in range(count):
+        if kind == 0:
+            q4_k_unpack(blocks[o0 + r], wq[r], sc[r], corr[r], dd[r], dm[r], mp[r])
+        elif kind == 1:
+            q5_k_unpack(blocks[o0 + r], wq[r], sc[r], corr[r], dd[r], dm[r], mp[r])
+        else:
+            q6_k_unpack(blocks[o0 + r], wq[r], sc[r], corr[r], dd[r], dm[r], mp[r])
+
+
+@njit(inline="always", cache=True)
+def _tile_call(kind, path, wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0):
+    if kind == 0:
+        if path == 2:
+            q4_k_tile_vnni(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+        elif path == 1:
+            q4_k_tile_avx2(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+        else:
+            q4_k_tile_portable(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+    elif kind == 1:
+        if path == 2:
+            q5_k_tile_vnni(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+        elif path == 1:
+            q5_k_tile_avx2(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+        else:
+            q5_k_tile_portable(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+    elif path == 2:
+        q6_k_tile_vnni(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+    elif path == 1:
+        q6_k_tile_avx2(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+    else:
+        q6_k_tile_portable(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+
+
+@njit(cache=True, parallel=True)
+def tiled_matmul(blocks, xp, xdp, xbp, n_b, out, kind, path, lanes, rows, threads):
+    """out[:n_b] = the int8 product of K-quant `blocks` (kind 0 Q4_K, 1 Q5_K, 2 Q6_K) with the packed
+    activations of `pack_activations`, through `path` (`lanes`, `rows`: its vector width and weight rows
+    per call). `threads` workers (numba.get_num_threads(): read inside, it would keep the function from
+    numba's cache) split the weight rows in tiles of TILE."""
+    n_out = blocks.shape[0]
+    n = xp.shape[1] * 4
+    n_sb = n // 256
+    subs = 16 if kind == 2 else 8
+    groups = xp.shape[0]
+    tiles = (n_out + TILE - 1) // TILE
+    workers = max(1, min(threads, tiles))
+    for worker in prange(workers):  # one scratch tile per worker, reused: allocations cost microseconds
+        wq = np.zeros((TILE, n), np.int8)
+        sc = np.zeros((TILE, n_sb, subs), np.int32)
+        corr = np.zeros((TILE, n_sb), np.int32)
+        dd = np.zeros((TILE, n_sb), np.float32)
+        dm = np.zeros((TILE, n_sb), np.float32)
+        mp = np.zeros((TILE, n_sb, 4), np.int32)
+        res = np.empty((rows, lanes), np.float32)
+        for t in range(worker, tiles, workers):
+            o0 = t * TILE
+            count = min(TILE, n_out - o0)
+            _pack_tile(blocks, o0, count, kind, wq, sc, corr, dd, dm, mp)
+            for g in range(groups):
+                valid = min(lanes, n_b - g * lanes)
+                for r0 in range(0, count, rows):
+                    _tile_call(kind, path, wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+                    for r in range(min(rows, count - r0)):
+                        for lane in range(valid):
+                            out[g * lanes + lane, o0 + r0 + r] = res[r, lane]
