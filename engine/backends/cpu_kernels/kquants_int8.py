@@ -3,9 +3,12 @@
 Activations come quantized per 256-block as llama.cpp's Q8_K (activations.quantize_activations_k: xq
 int8, a scale xd per 256, the sums xb of each 16 xq), the quantizer these kernels register. Threads
 split the output rows only (prange over tiles of TILE weight rows); each super-block's scales and chunks
-are decoded in registers and shared by up to four activation rows at a time. Every out[b, o] goes through
-the same arithmetic in the same order whatever group it is in, and every path gives the same integers,
-so a row's result is bit-identical alone, in any batch, and on every path (kquants_simd_int8.py says why).
+are decoded in registers and shared by up to four activation rows at a time. From
+kquants_tiles_int8.MIN_ROWS activation rows a call takes the tiled kernel instead (weights unpacked once
+per call, one activation row per lane), which computes the same integers and the same float part. Every
+out[b, o] goes through the same arithmetic in the same order whatever group or kernel it is in, and every
+path gives the same integers, so a row's result is bit-identical alone, in any batch, and on every path
+(kquants_simd_int8.py says why).
 `matmul_int8_path` runs one path by number (simd_int8: PORTABLE, AVX2, VNNI); the public kernels take
 the best the host has. numba's cache tracks only this file: after editing kquants_simd_int8.py or
 simd_int8.py, touch this file.
@@ -173,9 +176,16 @@ def _matmul(blocks, xq, xd, xb, out, kind, path, lanes, rows_per_call, threads):
         _int8_matmul(blocks, xq, xd, xb, out, kind, path)
 
 
+_TILE_SHAPES = {
+    path: (tiles.path_lanes(path), tiles.rows_per_call(tiles.path_lanes(path))) for path in (0, 1, 2)
+}
+"""path -> (lanes, weight rows per call) of its tiled kernel, read once: cpu_features() asks LLVM for the
+host's features, 0.6 ms a call, more than a decode step's matmul."""
+
+
 def _run(blocks, xq, xd, xb, out, kind: int, path: int) -> None:
-    lanes = tiles.path_lanes(path)
-    _matmul(blocks, xq, xd, xb, out, kind, path, lanes, tiles.rows_per_call(lanes), numba.get_num_threads())
+    lanes, rows = _TILE_SHAPES[path]
+    _matmul(blocks, xq, xd, xb, out, kind, path, lanes, rows, numba.get_num_threads())
 
 
 @njit(cache=True, parallel=True)
