@@ -176,15 +176,8 @@ def _matmul(blocks, xq, xd, xb, out, kind, path, lanes, rows_per_call, threads):
         _int8_matmul(blocks, xq, xd, xb, out, kind, path)
 
 
-_TILE_SHAPES = {
-    path: (tiles.path_lanes(path), tiles.rows_per_call(tiles.path_lanes(path))) for path in (0, 1, 2)
-}
-"""path -> (lanes, weight rows per call) of its tiled kernel, read once: cpu_features() asks LLVM for the
-host's features, 0.6 ms a call, more than a decode step's matmul."""
-
-
 def _run(blocks, xq, xd, xb, out, kind: int, path: int) -> None:
-    lanes, rows = _TILE_SHAPES[path]
+    lanes, rows = tiles.SHAPES[path]
     _matmul(blocks, xq, xd, xb, out, kind, path, lanes, rows, numba.get_num_threads())
 
 

@@ -54,7 +54,6 @@ _F32 = ir.FloatType()
 _V32I8 = ir.VectorType(_I8, 32)
 _V64I8 = ir.VectorType(_I8, 64)
 _V16I32 = ir.VectorType(_I32, 16)
-_V16F = ir.VectorType(_F32, 16)
 
 BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 
@@ -102,11 +101,6 @@ def _half_at(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
     """The IEEE half at byte `offset` of the block, widened to float."""
     ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, offset)]), ir.IntType(16).as_pointer())
     return builder.fpext(builder.bitcast(builder.load(ptr, align=1), ir.HalfType()), _F32)
-
-
-def _splat(builder: ir.IRBuilder, value: ir.Value, vty: ir.VectorType) -> ir.Value:
-    vec = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(_I32, 0))
-    return _shuffle(builder, vec, [0] * vty.count)
 
 
 def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value):

@@ -24,8 +24,18 @@ from numba.extending import intrinsic
 
 from .features import cpu_features
 from .kquants_simd_int8 import BLOCK_BYTES, _chunk_quants, _superblock_scales
-from .simd import call_intrinsic, fma, is_c_array, load_vec
-from .simd_int8 import AVX2, PORTABLE, VNNI, _intrinsic_call, _vpdpbusd, available_paths, const_vec, half
+from .simd import call_intrinsic, fma, is_c_array, load_vec, splat
+from .simd_int8 import (
+    AVX2,
+    PORTABLE,
+    VNNI,
+    _dpwssd,
+    _intrinsic_call,
+    _vpdpbusd,
+    available_paths,
+    const_vec,
+    half,
+)
 
 TILE = 16
 """Weight rows unpacked together (a parallel work item)."""
@@ -46,21 +56,16 @@ SUB_BLOCKS = {"q4_k": 8, "q5_k": 8, "q6_k": 16}
 """Scales per super-block: one per 32 weights (Q4_K, Q5_K) or per 16 (Q6_K)."""
 
 
-def lanes_of(path: int) -> int:
-    """Activation rows per vector on `path`: 16 with AVX-512 VNNI, else 8 (256-bit vectors)."""
-    return 16 if path == VNNI and cpu_features().avx512_vnni else 8
+def path_lanes(path: int) -> int:
+    """Activation rows per vector on `path`: 16 with AVX-512 VNNI, else 8 (256-bit vectors; a path the
+    host lacks runs as portable, 8)."""
+    return 16 if path == VNNI and path in available_paths() and cpu_features().avx512_vnni else 8
 
 
 def rows_per_call(lanes: int) -> int:
     """Weight rows one kernel call computes (sharing each load of packed activations): 4 in 32 zmm
     registers, 2 in AVX2's 16."""
     return 4 if lanes == 16 else 2
-
-
-def _splat(builder: ir.IRBuilder, value: ir.Value, count: int) -> ir.Value:
-    vty = ir.VectorType(value.type, count)
-    vec = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(_I32, count), [0] * count))
 
 
 def _dot4(builder: ir.IRBuilder, path: int, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
@@ -88,34 +93,14 @@ def _dot4(builder: ir.IRBuilder, path: int, acc: ir.Value, unsigned: ir.Value, s
 def _pair_products(builder: ir.IRBuilder, path: int, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
     """acc + lo16(a) * lo16(b) + hi16(a) * hi16(b) per int32 lane, the halves signed (exact)."""
     lanes = acc.type.count
+    if path == VNNI and lanes == 16:
+        return _dpwssd(builder, True, acc, a, b)
     v_i16 = ir.VectorType(_I16, 2 * lanes)
-    if path == VNNI and lanes == 8:
-        return _intrinsic_call(
-            builder,
-            "llvm.x86.avx512.vpdpwssd.256",
-            acc.type,
-            [acc, builder.bitcast(a, v_i16), builder.bitcast(b, v_i16)],
-        )
-    if path in (VNNI, AVX2):
-        if lanes == 8:
-            return builder.add(
-                acc,
-                _intrinsic_call(
-                    builder,
-                    "llvm.x86.avx2.pmadd.wd",
-                    acc.type,
-                    [builder.bitcast(a, v_i16), builder.bitcast(b, v_i16)],
-                ),
-            )
-        return builder.add(
-            acc,
-            _intrinsic_call(
-                builder,
-                "llvm.x86.avx512.pmaddw.d.512",
-                acc.type,
-                [builder.bitcast(a, v_i16), builder.bitcast(b, v_i16)],
-            ),
-        )
+    pairs = [builder.bitcast(a, v_i16), builder.bitcast(b, v_i16)]
+    if path == VNNI:  # AVX-VNNI, 8 lanes
+        return _intrinsic_call(builder, "llvm.x86.avx512.vpdpwssd.256", acc.type, [acc, *pairs])
+    if path == AVX2:  # 8 lanes
+        return builder.add(acc, _intrinsic_call(builder, "llvm.x86.avx2.pmadd.wd", acc.type, pairs))
     sixteen = const_vec(acc.type, 16)
 
     def low(v: ir.Value) -> ir.Value:
@@ -190,19 +175,19 @@ def _codegen(kind: str, path: int, lanes: int, rows: int):
                     wptr = builder.bitcast(
                         builder.gep(w_rows[r], [ir.Constant(_I64, 4 * quad)]), _I32.as_pointer()
                     )
-                    wv = builder.bitcast(_splat(builder, builder.load(wptr, align=1), lanes), bty)
+                    wv = builder.bitcast(splat(builder, builder.load(wptr, align=1), lanes), bty)
                     parts[r] = _dot4(builder, path, parts[r], xv, wv)
             for r in range(rows):
                 index = builder.add(builder.mul(row_sb[r], ir.Constant(_I64, subs)), ir.Constant(_I64, j))
-                scale = _splat(builder, builder.load(builder.gep(sc_ptr, [index])), lanes)
+                scale = splat(builder, builder.load(builder.gep(sc_ptr, [index])), lanes)
                 sums[r] = builder.add(sums[r], builder.mul(parts[r], scale))
         xd = load_vec(builder, builder.gep(xd_ptr, [builder.mul(sb, ir.Constant(_I64, lanes))]), fty)
         accs, mins = [], []
         for r in range(rows):
             total = builder.sub(
-                sums[r], _splat(builder, builder.load(builder.gep(corr_ptr, [row_sb[r]])), lanes)
+                sums[r], splat(builder, builder.load(builder.gep(corr_ptr, [row_sb[r]])), lanes)
             )
-            d = _splat(builder, builder.load(builder.gep(dd_ptr, [row_sb[r]])), lanes)
+            d = splat(builder, builder.load(builder.gep(dd_ptr, [row_sb[r]])), lanes)
             accs.append(fma(builder, builder.fmul(d, xd), builder.sitofp(total, fty), acc_phis[r]))
             if has_min:
                 m = ir.Constant(ity, None)
@@ -226,8 +211,8 @@ def _codegen(kind: str, path: int, lanes: int, rows: int):
                             [builder.add(builder.mul(row_sb[r], ir.Constant(_I64, 4)), ir.Constant(_I64, p))],
                         )
                     )
-                    m = _pair_products(builder, path, m, xb, _splat(builder, factor, lanes))
-                dmin = _splat(builder, builder.load(builder.gep(dm_ptr, [row_sb[r]])), lanes)
+                    m = _pair_products(builder, path, m, xb, splat(builder, factor, lanes))
+                dmin = splat(builder, builder.load(builder.gep(dm_ptr, [row_sb[r]])), lanes)
                 mins.append(fma(builder, builder.fmul(dmin, xd), builder.sitofp(m, fty), min_phis[r]))
         following = builder.add(sb, ir.Constant(_I64, 1))
         loop_end = builder.block
@@ -256,7 +241,7 @@ def _codegen(kind: str, path: int, lanes: int, rows: int):
 
 
 def _make(kind: str, path: int):
-    lanes = lanes_of(path) if path in available_paths() else 8
+    lanes = path_lanes(path)
     if path not in available_paths():
         path = PORTABLE
     rows = rows_per_call(lanes)
@@ -274,9 +259,9 @@ def _make(kind: str, path: int):
             (xbp, types.int32, 4),
             (res, types.float32, 2),
         )
-        if not (all(is_c_array(a, t, n) for a, t, n in arrays) and isinstance(g, types.Integer)):
+        if not all(is_c_array(a, t, n) for a, t, n in arrays):
             return None
-        if not isinstance(r0, types.Integer):
+        if not (isinstance(g, types.Integer) and isinstance(r0, types.Integer)):
             return None
         sig = types.void(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, types.int64, types.int64)
         return sig, _codegen(kind, path, lanes, rows)
@@ -421,9 +406,9 @@ q5_k_tile_portable, q5_k_tile_avx2, q5_k_tile_vnni = (_make("q5_k", p) for p in 
 q6_k_tile_portable, q6_k_tile_avx2, q6_k_tile_vnni = (_make("q6_k", p) for p in (PORTABLE, AVX2, VNNI))
 
 
-def path_lanes(path: int) -> int:
-    """The lanes the kernels of `path` were built with (a path the host lacks runs as portable, 8)."""
-    return lanes_of(path) if path in available_paths() else 8
+SHAPES = {path: (path_lanes(path), rows_per_call(path_lanes(path))) for path in (PORTABLE, AVX2, VNNI)}
+"""path -> (lanes, weight rows per call) of its kernels, read once: cpu_features() asks LLVM for the
+host's features, 0.6 ms a call, more than a decode step's matmul."""
 
 
 @njit(cache=True, parallel=True)

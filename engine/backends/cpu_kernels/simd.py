@@ -43,8 +43,8 @@ _LAYOUTS = {
 
 
 def splat(builder: ir.IRBuilder, value: ir.Value, width: int = 16) -> ir.Value:
-    """<width x float> with every lane = value."""
-    vty = ir.VectorType(_F32, width)
+    """<width x T> with every lane = value (a scalar of type T: a float, an int32)."""
+    vty = ir.VectorType(value.type, width)
     vec = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
     mask = ir.Constant(ir.VectorType(ir.IntType(32), width), None)
     return builder.shuffle_vector(vec, ir.Constant(vty, ir.Undefined), mask)
@@ -117,11 +117,6 @@ def prefetch(builder: ir.IRBuilder, ptr: ir.Value, offset: int, lines: int = 1) 
 def fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
     """a * b + c lane-wise, one rounding (llvm.fma on <N x float>)."""
     return call_intrinsic(builder, f"llvm.fma.v{a.type.count}f32", a.type, [a, b, c])
-
-
-def fma_scalar(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
-    """a * b + c on float32 scalars, one rounding (llvm.fma.f32)."""
-    return call_intrinsic(builder, "llvm.fma.f32", a.type, [a, b, c])
 
 
 def sum_int_lanes_of(builder: ir.IRBuilder, vecs: list[ir.Value]) -> ir.Value:
