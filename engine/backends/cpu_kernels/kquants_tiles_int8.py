@@ -330,20 +330,17 @@ def _unpack_codegen(kind: str):
         sb = builder.phi(_I64)
         block = builder.gep(row_ptr, [builder.mul(sb, ir.Constant(_I64, block_bytes))])
         scales, mins, d, dmin = _superblock_scales(builder, kind, block)
-        sums = ir.Constant(vsub, None)  # each sub-block's sum of its signed bytes
+        # sum_j sc[j] * sum_i q_ij as eight lanes: each lane's eight quants' sum (vpsadbw) times the
+        # scale of its sub-block, added over the chunks, reduced once (Q6_K: minus 32 * run * sum sc)
+        v8 = ir.VectorType(_I32, 8)
+        weighted_lanes = ir.Constant(v8, None)
         for chunk in range(4):
             quants = _chunk_quants(builder, kind, block, chunk)
             eights = _byte_sums_of_eights(builder, quants)  # <8 x i32>: each 8 unsigned quants' sum
-            per = run // 8
-            for part in range(64 // run):
-                total = builder.extract_element(eights, ir.Constant(_I32, part * per))
-                for i in range(1, per):
-                    total = builder.add(
-                        total, builder.extract_element(eights, ir.Constant(_I32, part * per + i))
-                    )
-                if kind == "q6_k":
-                    total = builder.sub(total, ir.Constant(_I32, 32 * run))
-                sums = builder.insert_element(sums, total, ir.Constant(_I32, chunk * (64 // run) + part))
+            spread = builder.shuffle_vector(
+                scales, scales, ir.Constant(v8, [chunk * (64 // run) + k // (run // 8) for k in range(8)])
+            )
+            weighted_lanes = builder.add(weighted_lanes, builder.mul(eights, spread))
             if kind == "q6_k":
                 quants = builder.sub(quants, const_vec(v64, 32))
             target = builder.gep(
@@ -352,9 +349,10 @@ def _unpack_codegen(kind: str):
             builder.store(quants, builder.bitcast(target, v64.as_pointer()), align=1)
         at = builder.mul(sb, ir.Constant(_I64, subs))
         builder.store(scales, builder.bitcast(builder.gep(sc_ptr, [at]), vsub.as_pointer()), align=4)
-        weighted = call_intrinsic(
-            builder, f"llvm.vector.reduce.add.v{subs}i32", _I32, [builder.mul(scales, sums)]
-        )
+        weighted = call_intrinsic(builder, "llvm.vector.reduce.add.v8i32", _I32, [weighted_lanes])
+        if kind == "q6_k":
+            scale_sum = call_intrinsic(builder, f"llvm.vector.reduce.add.v{subs}i32", _I32, [scales])
+            weighted = builder.sub(weighted, builder.mul(scale_sum, ir.Constant(_I32, 32 * run)))
         corr_ptr = builder.gep(builder.bitcast(corr.data, _I32.as_pointer()), [sb])
         builder.store(builder.mul(weighted, ir.Constant(_I32, 128)), corr_ptr)
         builder.store(d, builder.gep(builder.bitcast(dd.data, _F32.as_pointer()), [sb]))
