@@ -40,6 +40,7 @@ from .simd_int8 import (
     concat,
     const_vec,
     low_halves,
+    pair_scales,
     small_products,
 )
 
@@ -77,20 +78,33 @@ def _chunk_quants(builder: ir.IRBuilder, kind: str, block: ir.Value, chunk: int)
             high = builder.and_(builder.lshr(qh, const_vec(_V32I8, shift)), const_vec(_V32I8, 3))
             parts.append(builder.or_(low, builder.shl(high, four)))
         return concat(builder, parts[0], parts[1])
+    # the 32 quant bytes in both halves of one vector (one broadcast load), the high half shifted right
+    # by 4 in its 64-bit lanes, then one mask: the low nibbles, then the high ones (each bit moved
+    # stays inside its byte)
+    v8i64 = ir.VectorType(_I64, 8)
     qs_offset = 16 if kind == "q4_k" else 48
-    qs = _load32(builder, block, qs_offset + 32 * chunk)
-    low, high = builder.and_(qs, fifteen), builder.lshr(qs, four)
+    both = _both_halves(builder, block, qs_offset + 32 * chunk)
+    nibbles = builder.bitcast(builder.lshr(both, ir.Constant(v8i64, [0] * 4 + [4] * 4)), _V64I8)
+    quants = builder.and_(nibbles, const_vec(_V64I8, 15))
     if kind == "q5_k":  # bit 2 * chunk of qh[i] tops the low nibbles, bit 2 * chunk + 1 the high ones
-        qh = _load32(builder, block, 16)
-        one = const_vec(_V32I8, 1)
-        for which in (0, 1):
-            bit = builder.and_(builder.lshr(qh, const_vec(_V32I8, 2 * chunk + which)), one)
-            top = builder.shl(bit, four)
-            if which == 0:
-                low = builder.or_(low, top)
-            else:
-                high = builder.or_(high, top)
-    return concat(builder, low, high)
+        qh = _both_halves(builder, block, 16)
+        # move bit (2 * chunk + half) of every byte to bit 4: left by 4 - (2 * chunk + half) for the
+        # first two chunks, right by (2 * chunk + half) - 4 for the last two
+        shifts = [2 * chunk + h - 4 for h in (0, 1) for _ in range(4)]
+        if chunk < 2:
+            moved = builder.shl(qh, ir.Constant(v8i64, [-k for k in shifts]))
+        else:
+            moved = builder.lshr(qh, ir.Constant(v8i64, shifts))
+        quants = builder.or_(quants, builder.and_(builder.bitcast(moved, _V64I8), const_vec(_V64I8, 16)))
+    return quants
+
+
+def _both_halves(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
+    """The 32 bytes at block + offset, twice, as <8 x i64> (a 256-bit broadcast load)."""
+    v4i64 = ir.VectorType(_I64, 4)
+    ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, offset)]), v4i64.as_pointer())
+    half_vec = builder.load(ptr, align=1)
+    return builder.shuffle_vector(half_vec, half_vec, ir.Constant(ir.VectorType(_I32, 8), [0, 1, 2, 3] * 2))
 
 
 def _shuffle(builder: ir.IRBuilder, vec: ir.Value, indices: list[int]) -> ir.Value:
@@ -185,6 +199,7 @@ def _codegen(kind: str, rows: int, path: int):
             sc = low_halves(builder, path, sc)
         else:
             min_factors = _shuffle(builder, mn, [i // 2 for i in range(16)])
+        sc_pairs = pair_scales(builder, path, sc)  # once per super-block, each chunk shuffles its lanes
         sums = [ir.Constant(_V16I32, None)] * rows
         for chunk in range(4):
             quants = _chunk_quants(builder, kind, block, chunk)
@@ -194,7 +209,7 @@ def _codegen(kind: str, rows: int, path: int):
                 if kind == "q6_k"
                 else [2 * chunk + i // 8 for i in range(16)]
             )
-            lane_scales = _shuffle(builder, sc, lanes_of)
+            lane_scales = _shuffle(builder, sc_pairs, lanes_of)
             byte0 = builder.add(builder.mul(sb, ir.Constant(_I64, 256)), ir.Constant(_I64, 64 * chunk))
             for r in range(rows):
                 act = load_vec(builder, builder.gep(xq_rows[r], [byte0]), _V64I8)

@@ -251,6 +251,16 @@ def small_products(
     return concat(builder, parts[0], parts[1])
 
 
+def pair_scales(builder: ir.IRBuilder, path: int, scales: ir.Value) -> ir.Value:
+    """Integer scales (<16 x i32>, each in [-2**15, 2**15), through `low_halves` when negative ones occur)
+    in the form `add_scaled_lanes` takes on `path`: on VNNI each scale in both int16 halves of its lane
+    (what vpdpwssd multiplies two pairs by); elsewhere as they are. Shuffling the result moves whole
+    lanes, so a kernel can form it once per super-block and pick each chunk's lanes from it."""
+    if path != VNNI:
+        return scales
+    return builder.or_(scales, builder.shl(scales, const_vec(scales.type, 16)))
+
+
 def add_scaled_lanes(
     builder: ir.IRBuilder,
     path: int,
@@ -260,13 +270,12 @@ def add_scaled_lanes(
     act: ir.Value,
     scales: ir.Value,
 ) -> ir.Value:
-    """acc + `scaled_lanes`, the same integers. On VNNI two instructions per row: vpmaddubsw (pairs of
-    weight x activation bytes, |pair| <= 2 * 63 * 128 < 2**15, so never saturating) then vpdpwssd of the
-    pairs against the scale repeated in both halves of each lane (`scales` through `low_halves`), which
+    """acc + `scaled_lanes`, the same integers, `scales` through `pair_scales`. On VNNI two instructions
+    per row: vpmaddubsw (pairs of weight x activation bytes, |pair| <= 2 * 63 * 128 < 2**15, so never
+    saturating) then vpdpwssd of the pairs against the scale repeated in both halves of each lane, which
     adds the two pairs of each lane of four times its scale into acc."""
     if path != VNNI:
         return builder.add(acc, scaled_lanes(builder, path, wide, weights, act, scales))
-    doubled = builder.or_(scales, builder.shl(scales, const_vec(_V16I32, 16)))
     if wide:
         pairs = _intrinsic_call(
             builder, "llvm.x86.avx512.pmaddubs.w.512", ir.VectorType(_I16, 32), [weights, act]
@@ -282,7 +291,7 @@ def add_scaled_lanes(
             for h in (0, 1)
         ]
         pairs = concat(builder, halves[0], halves[1])
-    return _dpwssd(builder, wide, acc, builder.bitcast(pairs, _V16I32), doubled)
+    return _dpwssd(builder, wide, acc, builder.bitcast(pairs, _V16I32), scales)
 
 
 class _Pair:
