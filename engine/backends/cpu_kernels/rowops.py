@@ -6,8 +6,9 @@ ufunc passes, 6 us), run ~8 times per layer; one compiled call each does the sam
 microsecond. RMSNorm, RoPE and the KV write give the numpy formulas' bits; SwiGLU and GeGLU use exp_f32
 (numba has no vector exp), within 2 ulp of exp and closer to float64 than numpy's results.
 Every row is computed on its own in a fixed order (the RMSNorm sum of squares in LANES fixed partial
-sums reduced by a fixed tree), so a row's bits never depend on the rows beside it. Single-threaded:
-at decode sizes a parallel region costs more than the work.
+sums reduced by a fixed tree), so a row's bits never depend on the rows beside it. RMSNorm, SwiGLU and
+GeGLU split their rows over the threads from PARALLEL_ROWS rows (`*_rows` picks): below it, at decode
+sizes, a parallel region costs more than the work.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from .activations import PARALLEL_ROWS
 from .bits import f32_from_bits
 from .kv_storage import kv_store
 
@@ -27,31 +29,46 @@ LANES = 16
 _GELU_SCALE = np.float32(math.sqrt(2.0 / math.pi))
 
 
+@njit(inline="always", cache=True)
+def _rms_norm_row(x, weight, eps, out, r, lanes):
+    width = x.shape[1]
+    full = width - width % LANES
+    row = x[r]
+    for lane in range(LANES):
+        lanes[lane] = 0.0
+    for base in range(0, full, LANES):
+        for lane in range(LANES):
+            lanes[lane] += row[base + lane] * row[base + lane]
+    for j in range(full, width):
+        lanes[j - full] += row[j] * row[j]
+    step = LANES // 2
+    while step:
+        for lane in range(step):
+            lanes[lane] += lanes[lane + step]
+        step //= 2
+    scale = np.float32(1.0) / np.sqrt(lanes[0] / np.float32(width) + eps)
+    target = out[r]
+    for j in range(width):
+        target[j] = row[j] * scale * weight[j]
+
+
 @njit(cache=True)
-def rms_norm_rows(x, weight, eps, out):
+def _rms_norm_serial(x, weight, eps, out):
+    lanes = np.empty(LANES, np.float32)
+    for r in range(x.shape[0]):
+        _rms_norm_row(x, weight, eps, out, r, lanes)
+
+
+@njit(cache=True, parallel=True)
+def _rms_norm_parallel(x, weight, eps, out):
+    for r in prange(x.shape[0]):
+        _rms_norm_row(x, weight, eps, out, r, np.empty(LANES, np.float32))
+
+
+def rms_norm_rows(x: np.ndarray, weight: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
     """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight for every row of x [rows, width] (float32,
     C-ordered); `eps` float32. The sum of squares runs in LANES partial sums reduced by a fixed tree."""
-    rows, width = x.shape
-    full = width - width % LANES
-    lanes = np.empty(LANES, np.float32)
-    for r in range(rows):
-        row = x[r]
-        for lane in range(LANES):
-            lanes[lane] = 0.0
-        for base in range(0, full, LANES):
-            for lane in range(LANES):
-                lanes[lane] += row[base + lane] * row[base + lane]
-        for j in range(full, width):
-            lanes[j - full] += row[j] * row[j]
-        step = LANES // 2
-        while step:
-            for lane in range(step):
-                lanes[lane] += lanes[lane + step]
-            step //= 2
-        scale = np.float32(1.0) / np.sqrt(lanes[0] / np.float32(width) + eps)
-        target = out[r]
-        for j in range(width):
-            target[j] = row[j] * scale * weight[j]
+    (_rms_norm_parallel if x.shape[0] >= PARALLEL_ROWS else _rms_norm_serial)(x, weight, eps, out)
 
 
 @intrinsic
@@ -124,29 +141,59 @@ def exp_f32(x):
 
 # error_model="numpy": a float division by zero gives inf instead of raising, which drops the zero
 # check that kept LLVM from vectorising these loops.
+@njit(inline="always", cache=True, error_model="numpy")
+def _silu_mul_row(gate_up, width, out, r):
+    gate = gate_up[r, :width]
+    up = gate_up[r, width:]
+    target = out[r]
+    for j in range(width):
+        g = gate[j]
+        target[j] = g * up[j] / (np.float32(1.0) + exp_f32(-g))
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _gelu_mul_row(gate_up, width, out, r):
+    gate = gate_up[r, :width]
+    up = gate_up[r, width:]
+    target = out[r]
+    for j in range(width):
+        g = gate[j]
+        y = (g * g * np.float32(0.044715) + np.float32(1.0)) * g * _GELU_SCALE
+        target[j] = g * up[j] / (np.float32(1.0) + exp_f32(np.float32(-2.0) * y))
+
+
 @njit(cache=True, error_model="numpy")
-def silu_mul_rows(gate_up, width, out):
+def _silu_mul_serial(gate_up, width, out):
+    for r in range(gate_up.shape[0]):
+        _silu_mul_row(gate_up, width, out, r)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _silu_mul_parallel(gate_up, width, out):
+    for r in prange(gate_up.shape[0]):
+        _silu_mul_row(gate_up, width, out, r)
+
+
+@njit(cache=True, error_model="numpy")
+def _gelu_mul_serial(gate_up, width, out):
+    for r in range(gate_up.shape[0]):
+        _gelu_mul_row(gate_up, width, out, r)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _gelu_mul_parallel(gate_up, width, out):
+    for r in prange(gate_up.shape[0]):
+        _gelu_mul_row(gate_up, width, out, r)
+
+
+def silu_mul_rows(gate_up: np.ndarray, width: int, out: np.ndarray) -> None:
     """out[r, j] = silu(gate) * up = gate * up / (1 + exp(-gate)) with gate = gate_up[r, j], up =
     gate_up[r, width + j]; gate_up [rows, 2 width], out [rows, width], float32."""
-    for r in range(gate_up.shape[0]):
-        gate = gate_up[r, :width]
-        up = gate_up[r, width:]
-        target = out[r]
-        for j in range(width):
-            g = gate[j]
-            target[j] = g * up[j] / (np.float32(1.0) + exp_f32(-g))
+    (_silu_mul_parallel if gate_up.shape[0] >= PARALLEL_ROWS else _silu_mul_serial)(gate_up, width, out)
 
 
-@njit(cache=True, error_model="numpy")
-def gelu_mul_rows(gate_up, width, out):
+def gelu_mul_rows(gate_up: np.ndarray, width: int, out: np.ndarray) -> None:
     """out[r, j] = gelu(gate) * up with the tanh approximation (PyTorch's gelu(approximate="tanh")):
     0.5 g (1 + tanh(y)) u with y = sqrt(2/pi) (g + 0.044715 g^3), computed as g u / (1 + exp(-2y))
     (the same function, with no cancellation near y = 0), in float32."""
-    for r in range(gate_up.shape[0]):
-        gate = gate_up[r, :width]
-        up = gate_up[r, width:]
-        target = out[r]
-        for j in range(width):
-            g = gate[j]
-            y = (g * g * np.float32(0.044715) + np.float32(1.0)) * g * _GELU_SCALE
-            target[j] = g * up[j] / (np.float32(1.0) + exp_f32(np.float32(-2.0) * y))
+    (_gelu_mul_parallel if gate_up.shape[0] >= PARALLEL_ROWS else _gelu_mul_serial)(gate_up, width, out)
