@@ -142,58 +142,45 @@ def exp_f32(x):
 # error_model="numpy": a float division by zero gives inf instead of raising, which drops the zero
 # check that kept LLVM from vectorising these loops.
 @njit(inline="always", cache=True, error_model="numpy")
-def _silu_mul_row(gate_up, width, out, r):
+def _gated_row(gate_up, width, out, r, gelu):
     gate = gate_up[r, :width]
     up = gate_up[r, width:]
     target = out[r]
-    for j in range(width):
-        g = gate[j]
-        target[j] = g * up[j] / (np.float32(1.0) + exp_f32(-g))
-
-
-@njit(inline="always", cache=True, error_model="numpy")
-def _gelu_mul_row(gate_up, width, out, r):
-    gate = gate_up[r, :width]
-    up = gate_up[r, width:]
-    target = out[r]
-    for j in range(width):
-        g = gate[j]
-        y = (g * g * np.float32(0.044715) + np.float32(1.0)) * g * _GELU_SCALE
-        target[j] = g * up[j] / (np.float32(1.0) + exp_f32(np.float32(-2.0) * y))
+    if gelu:
+        for j in range(width):
+            g = gate[j]
+            y = (g * g * np.float32(0.044715) + np.float32(1.0)) * g * _GELU_SCALE
+            target[j] = g * up[j] / (np.float32(1.0) + exp_f32(np.float32(-2.0) * y))
+    else:
+        for j in range(width):
+            g = gate[j]
+            target[j] = g * up[j] / (np.float32(1.0) + exp_f32(-g))
 
 
 @njit(cache=True, error_model="numpy")
-def _silu_mul_serial(gate_up, width, out):
+def _gated_serial(gate_up, width, out, gelu):
     for r in range(gate_up.shape[0]):
-        _silu_mul_row(gate_up, width, out, r)
+        _gated_row(gate_up, width, out, r, gelu)
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _silu_mul_parallel(gate_up, width, out):
+def _gated_parallel(gate_up, width, out, gelu):
     for r in prange(gate_up.shape[0]):
-        _silu_mul_row(gate_up, width, out, r)
+        _gated_row(gate_up, width, out, r, gelu)
 
 
-@njit(cache=True, error_model="numpy")
-def _gelu_mul_serial(gate_up, width, out):
-    for r in range(gate_up.shape[0]):
-        _gelu_mul_row(gate_up, width, out, r)
-
-
-@njit(cache=True, error_model="numpy", parallel=True)
-def _gelu_mul_parallel(gate_up, width, out):
-    for r in prange(gate_up.shape[0]):
-        _gelu_mul_row(gate_up, width, out, r)
+def _gated_rows(gate_up: np.ndarray, width: int, out: np.ndarray, gelu: bool) -> None:
+    (_gated_parallel if gate_up.shape[0] >= PARALLEL_ROWS else _gated_serial)(gate_up, width, out, gelu)
 
 
 def silu_mul_rows(gate_up: np.ndarray, width: int, out: np.ndarray) -> None:
     """out[r, j] = silu(gate) * up = gate * up / (1 + exp(-gate)) with gate = gate_up[r, j], up =
     gate_up[r, width + j]; gate_up [rows, 2 width], out [rows, width], float32."""
-    (_silu_mul_parallel if gate_up.shape[0] >= PARALLEL_ROWS else _silu_mul_serial)(gate_up, width, out)
+    _gated_rows(gate_up, width, out, False)
 
 
 def gelu_mul_rows(gate_up: np.ndarray, width: int, out: np.ndarray) -> None:
     """out[r, j] = gelu(gate) * up with the tanh approximation (PyTorch's gelu(approximate="tanh")):
     0.5 g (1 + tanh(y)) u with y = sqrt(2/pi) (g + 0.044715 g^3), computed as g u / (1 + exp(-2y))
     (the same function, with no cancellation near y = 0), in float32."""
-    (_gelu_mul_parallel if gate_up.shape[0] >= PARALLEL_ROWS else _gelu_mul_serial)(gate_up, width, out)
+    _gated_rows(gate_up, width, out, True)
