@@ -18,7 +18,7 @@ from gguf import quants as gguf_quants
 
 from infer.engine.backends.cpu import read_only
 from infer.engine.backends.cpu_kernels import KERNELS, cpu_features, legacy, quantize_activations, simd_int8
-from infer.engine.backends.cpu_kernels.activations import PARALLEL_ROWS, quantize_activations_k
+from infer.engine.backends.cpu_kernels.activations import PARALLEL_ELEMENTS, quantize_activations_k
 
 # One test worker compiles and runs the CPU kernel tests: beside each other on two workers, a cold
 # run (a fresh clone) compiled the same K-quant kernels twice at once (pytest-xdist --dist loadgroup).
@@ -165,8 +165,10 @@ def test_quantize_activations_equals_gguf_q8_0() -> None:
 
 @pytest.mark.parametrize("quantize", [quantize_activations, quantize_activations_k], ids=["q8_0", "q8_k"])
 def test_activation_rows_quantize_the_same_alone_or_in_a_batch(quantize) -> None:
-    # a batch from PARALLEL_ROWS rows splits its rows over the threads, a single row does not
-    x = activations(2 * PARALLEL_ROWS + 1, 512, np.random.default_rng(8))
+    # a batch of PARALLEL_ELEMENTS elements or more splits its rows over the threads, one row does not
+    rows = 9
+    width = -(-PARALLEL_ELEMENTS // (rows * 256)) * 256
+    x = activations(rows, width, np.random.default_rng(8))
     batched = quantize(x)
     for b in range(x.shape[0]):
         for whole, alone in zip(batched, quantize(x[b : b + 1]), strict=True):

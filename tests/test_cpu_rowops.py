@@ -42,12 +42,12 @@ def _rows_alone(op, x: np.ndarray) -> np.ndarray:
     return np.concatenate([op(x[i : i + 1].copy()) for i in range(x.shape[0])])
 
 
-@pytest.mark.parametrize("rows", [2, 7, 16])
-def test_row_ops_give_each_row_the_same_bits_alone_or_in_a_batch(rows: int) -> None:
+@pytest.mark.parametrize(("rows", "width"), [(2, 100), (7, 100), (16, 100), (16, 4100)])
+def test_row_ops_give_each_row_the_same_bits_alone_or_in_a_batch(rows: int, width: int) -> None:
     rng = np.random.default_rng(rows)
-    # from 4 rows (activations.PARALLEL_ROWS) the ops split the rows over the threads; a width that is
-    # no multiple of the vector width runs every row through a vector loop and its scalar remainder
-    width, heads, head_dim = 100, 3, 16
+    # 16 x 4100 passes activations.PARALLEL_ELEMENTS: those ops split the rows over the threads; a width
+    # that is no multiple of the vector width runs every row through a vector loop and its remainder
+    heads, head_dim = 3, 16
     x = (rng.standard_normal((rows, width)) * 3).astype(np.float32)
     norm = DenseWeight(rng.standard_normal(width).astype(np.float32))
     for op in (

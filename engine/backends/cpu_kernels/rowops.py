@@ -7,8 +7,8 @@ microsecond. RMSNorm, RoPE and the KV write give the numpy formulas' bits; SwiGL
 (numba has no vector exp), within 2 ulp of exp and closer to float64 than numpy's results.
 Every row is computed on its own in a fixed order (the RMSNorm sum of squares in LANES fixed partial
 sums reduced by a fixed tree), so a row's bits never depend on the rows beside it. RMSNorm, SwiGLU and
-GeGLU split their rows over the threads from PARALLEL_ROWS rows (`*_rows` picks): below it, at decode
-sizes, a parallel region costs more than the work.
+GeGLU split their rows over the threads from activations.PARALLEL_ELEMENTS elements (`*_rows` picks):
+below it, at decode sizes, a parallel region costs more than the work.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .activations import PARALLEL_ROWS
+from .activations import runs_parallel
 from .bits import f32_from_bits
 from .kv_storage import kv_store
 
@@ -68,7 +68,7 @@ def _rms_norm_parallel(x, weight, eps, out):
 def rms_norm_rows(x: np.ndarray, weight: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
     """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight for every row of x [rows, width] (float32,
     C-ordered); `eps` float32. The sum of squares runs in LANES partial sums reduced by a fixed tree."""
-    (_rms_norm_parallel if x.shape[0] >= PARALLEL_ROWS else _rms_norm_serial)(x, weight, eps, out)
+    (_rms_norm_parallel if runs_parallel(*x.shape) else _rms_norm_serial)(x, weight, eps, out)
 
 
 @intrinsic
@@ -170,7 +170,7 @@ def _gated_parallel(gate_up, width, out, gelu):
 
 
 def _gated_rows(gate_up: np.ndarray, width: int, out: np.ndarray, gelu: bool) -> None:
-    (_gated_parallel if gate_up.shape[0] >= PARALLEL_ROWS else _gated_serial)(gate_up, width, out, gelu)
+    (_gated_parallel if runs_parallel(*gate_up.shape) else _gated_serial)(gate_up, width, out, gelu)
 
 
 def silu_mul_rows(gate_up: np.ndarray, width: int, out: np.ndarray) -> None:
