@@ -19,6 +19,7 @@ from threadpoolctl import threadpool_limits
 
 from infer.cli.serve.launch import ServerProcess, start_server
 from infer.engine import EngineConfig, load_engine
+from infer.profiles.schema import ProfileFile
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +57,8 @@ def tiny_hf_dir(tiny_model: TinyModel) -> Path:
     kernel mode, so the CPU kernels its load and warm-up use are in numba's cache before a CLI test runs
     `infer` on it: those assert the CLI's exact stderr, which a first compile adds its notice to (in a
     fresh clone, whether another test compiled them first is down to the order tests run in)."""
-    load_engine(tiny_model.hf_dir, EngineConfig(), cpu_kernels="int8").shutdown()
+    default_kernels = ProfileFile.model_fields["cpu_kernels"].default
+    load_engine(tiny_model.hf_dir, EngineConfig(), cpu_kernels=default_kernels).shutdown()
     return tiny_model.hf_dir
 
 

@@ -101,10 +101,8 @@ def _chunk_quants(builder: ir.IRBuilder, kind: str, block: ir.Value, chunk: int)
 
 def _both_halves(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
     """The 32 bytes at block + offset, twice, as <8 x i64> (a 256-bit broadcast load)."""
-    v4i64 = ir.VectorType(_I64, 4)
-    ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, offset)]), v4i64.as_pointer())
-    half_vec = builder.load(ptr, align=1)
-    return builder.shuffle_vector(half_vec, half_vec, ir.Constant(ir.VectorType(_I32, 8), [0, 1, 2, 3] * 2))
+    half_vec = load_vec(builder, builder.gep(block, [ir.Constant(_I64, offset)]), ir.VectorType(_I64, 4))
+    return concat(builder, half_vec, half_vec)
 
 
 def _shuffle(builder: ir.IRBuilder, vec: ir.Value, indices: list[int]) -> ir.Value:
