@@ -5,11 +5,11 @@ read of them besides xq is laid out once per call (`int8_activations`). Threads 
 only (prange over tiles of TILE weight rows); within a tile the activation rows go in groups of 8 and
 one group of the 1 to 7 left, each group sharing every decoded weight pair (simd_int8.py), so up to 8
 rows (k drafts and the bonus row of a verify step) cost one pass over the weights. Q4_0 on AVX2 takes
-groups of 4 instead: there 8 rows' accumulators and the shared pair overflow the 16
-ymm registers, and the spills made a row cost 1.4x a row of a 4-group (Zen 3, one thread, 1024 x 2048:
-103 against 75 us); the other types lose little or nothing at 8. Every out[b, o] goes
-through the same per-row arithmetic in the same order whatever group it is in, so a row's result is
-bit-identical alone or anywhere in a batch.
+groups of 4 instead: there 8 rows' accumulators and the shared pair overflow the 16 ymm registers, and
+the spills made a row cost 1.4x a row of a 4-group (Zen 3, one thread, 1024 x 2048: 103 against 75 us);
+the other types lose little or nothing at 8. Every out[b, o] goes through the same per-row arithmetic
+in the same order whatever group it is in, so a row's result is bit-identical alone or anywhere in a
+batch.
 One compiled kernel per int8 path, so a process compiles (or loads from numba's cache) only the path
 its host runs; `*_matmul_int8_path` reaches the others (the tests compare them bit for bit).
 numba's cache tracks only this file for these kernels: after editing simd_int8.py, touch this file.
