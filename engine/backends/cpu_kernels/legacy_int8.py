@@ -4,12 +4,9 @@ Activations come quantized per 32-block (quantize_activations: xq int8, xs float
 read of them besides xq is laid out once per call (`int8_activations`). Threads split the output rows
 only (prange over tiles of TILE weight rows); within a tile the activation rows go in groups of 8 and
 one group of the 1 to 7 left, each group sharing every decoded weight pair (simd_int8.py), so up to 8
-rows (k drafts and the bonus row of a verify step) cost one pass over the weights. Q4_0 on AVX2 takes
-groups of 4 instead: there 8 rows' accumulators and the shared pair overflow the 16 ymm registers, and
-the spills made a row cost 1.4x a row of a 4-group (Zen 3, one thread, 1024 x 2048: 103 against 75 us);
-the other types lose little or nothing at 8. Every out[b, o] goes through the same per-row arithmetic
-in the same order whatever group it is in, so a row's result is bit-identical alone or anywhere in a
-batch.
+rows (k drafts and the bonus row of a verify step) cost one pass over the weights. Every out[b, o] goes
+through the same per-row arithmetic in the same order whatever group it is in, so a row's result is
+bit-identical alone or anywhere in a batch.
 One compiled kernel per int8 path, so a process compiles (or loads from numba's cache) only the path
 its host runs; `*_matmul_int8_path` reaches the others (the tests compare them bit for bit).
 numba's cache tracks only this file for these kernels: after editing simd_int8.py, touch this file.
@@ -102,19 +99,18 @@ def _q4_0_int8_vnni(blocks, xq, xs, out):
 
 @njit(cache=True, parallel=True)
 def _q4_0_int8_avx2(blocks, xq, xs, out):
-    """Q4_0 against int8 activations on the avx2 path, activation rows in groups of 4 (see the module
-    docstring) and one group of the 1 to 3 left."""
+    """Q4_0 against int8 activations on the avx2 path."""
     xu, xl, xsl, xs8 = int8_activations(xq, xs)
     batch = xq.shape[0]
-    fours = batch - batch % 4
-    rest = batch - fours
+    eights = batch - batch % 8
+    rest = batch - eights
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
         first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, fours, 4):
+        for b in range(0, eights, 8):
             for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b))
-        b = fours
+                store_column(out, b, o, simd_int8.q4_0_avx28(blocks[o], xq, xu, xl, xsl, xs8, b))
+        b = eights
         if rest == 1:
             for o in range(first, last):
                 store_column(out, b, o, simd_int8.q4_0_avx21(blocks[o], xq, xu, xl, xsl, xs8, b))
@@ -124,6 +120,18 @@ def _q4_0_int8_avx2(blocks, xq, xs, out):
         elif rest == 3:
             for o in range(first, last):
                 store_column(out, b, o, simd_int8.q4_0_avx23(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 4:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q4_0_avx24(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 5:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q4_0_avx25(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 6:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q4_0_avx26(blocks[o], xq, xu, xl, xsl, xs8, b))
+        elif rest == 7:
+            for o in range(first, last):
+                store_column(out, b, o, simd_int8.q4_0_avx27(blocks[o], xq, xu, xl, xsl, xs8, b))
 
 
 @njit(cache=True, parallel=True)
