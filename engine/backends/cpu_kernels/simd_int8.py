@@ -1,31 +1,33 @@
 """Int8-activation row dot products on raw legacy blocks, as LLVM vector IR (numba @intrinsic).
 
-Blocks are taken in pairs (64 weights): per pair and activation row, sixteen exact int32 lane sums,
-lanes 0-7 for the first block and 8-15 for the second (lane j of a block = weight bytes 4j..4j+3 times
-the activations at the same places), computed by one of three paths:
-    vnni:     vpdpbusd (unsigned bytes x signed bytes): one 512-bit instruction per pair with AVX-512
-              VNNI, two 256-bit ones with AVX-VNNI
-    avx2:     vpmaddubsw + vpmaddwd per block (Q8_0 through vpsignb, as llama.cpp does)
+Blocks are taken in pairs (64 weights), each held in two halves: A, weights 0-15 of both blocks side by
+side, and B, weights 16-31 (a nibble block's low and high nibbles, with no shuffle). The activations
+are laid out to match once per call (`legacy_int8.int8_activations`). Per pair and activation row come
+eight exact int32 lanes, lanes 0-3 for the first block and 4-7 for the second, lane k of a block = its
+weight bytes 4k..4k+3 times the activations there plus the same of bytes 16 + 4k..16 + 4k + 3, computed
+by one of three paths:
+    vnni:     two vpdpbusd (unsigned bytes x signed bytes), A then B, 256-bit (AVX-512 VNNI or AVX-VNNI)
+    avx2:     vpmaddubsw of A and of B, one vpaddw (the nibble types' pair sums stay below 2**15 even
+              added) and one vpmaddwd; Q8_0 through vpsignb as llama.cpp does, A and B apart
     portable: widen to int32, multiply, add in fours (LLVM picks the instructions)
-Everything about the weights is done once per pair for all the activation rows of a call (the
-few-row case that verifying drafts needs): the nibble unpack, the block scales, and on vnni the
-correction that signed weights need. There Q4_0 and Q8_0 run with signed weights (q - 8, or q) against
-unsigned activations xu = xq + 128, the accumulator starting at -128 * (sum of the four weights), which
-is computed once per pair for every row; Q4_1's nibbles are unsigned already and meet xq directly. The
-activation-side numbers the float part needs (per lane of four activations: its block's scale xs, and
-for Q4_1 xs * xl, xl the lane's sum) are laid out once per call by `legacy_int8.int8_activations`, so
-a row costs, per pair, one vpdpbusd, one conversion, one multiply and one fma (Q4_1: and one more fma).
+Everything about the weights is done once per pair for all the activation rows of a call (the few-row
+case that verifying drafts needs): the nibble unpack, the block scales, and on vnni the correction that
+signed weights need. There Q4_0, Q8_0 and Q5_0 run with signed weights (q - 8, q, q - 16) against
+unsigned activations xu = xq + 128, the accumulator starting at -128 * (each lane's weight sum); Q4_1's
+nibbles are unsigned already and meet xq directly; avx2 multiplies Q4_0's and Q5_0's stored quants and
+takes offset * (the lane's xq sum) off. So a row costs, per pair, two vpdpbusd (or three AVX2
+multiplies), one conversion, one multiply and one fma (Q4_1: one more fma).
 
 Integer sums are exact, so the three paths give the same lanes and the same float results bit for bit.
-The float part is fixed: per pair acc = fma(d * xs, lanes, acc) (Q4_1 also accm = fma(m, xs * xl,
-accm); d * xs, m * xs and xs * xl are exact in float32, products of two halves or of a half and a
-9-bit integer, so this is the former fma(m * xs, xl, accm) to the bit) on 16 lanes, i.e. the even
-blocks in lanes 0-7 and the odd ones in lanes 8-15; an odd last block goes to lanes 0-7 alone. Then
-(lanes 0-7 + lanes 8-15) (Q4_1: + the same of accm) and the eight lanes summed by a fixed tree. That
-is the order of the former one-block-at-a-time kernels (two chains taking alternate blocks), so the
-results are the same bits as theirs. Nothing depends on B or on the other rows of a call, so a row's
-result is bit-identical alone or in any batch. A path the host lacks compiles as portable. As for
-simd.py, numba's cache does not see edits here: touch legacy_int8.py after changing this file.
+The float part is fixed: per pair acc = fma(d * xs, float(lanes), acc) on 8 lanes (Q4_1 then acc =
+fma(m, xs_sum, acc), xs_sum = xs * (the block's xq sum) in lane 0 and zero in lanes 1-3, which leaves
+those lanes as they were: an accumulator that starts at +0 is never -0); d * xs is exact in float32 (two
+halves). The even blocks go to lanes 0-3, the odd ones to 4-7, an odd last block to lanes 0-3; the
+eight lanes are then summed by a fixed tree. Nothing depends on B or on the other rows of a call, so a
+row's result is bit-identical alone or in any batch; a tiled kernel (one activation row per vector
+lane) can give the same bits by keeping each of the eight lanes in a float chain of its own. A path
+the host lacks compiles as portable. As for simd.py, numba's cache does not see edits here: touch
+legacy_int8.py after changing this file.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ PORTABLE, AVX2, VNNI = 0, 1, 2
 """int8 paths (the `path` argument of the int8 kernels)."""
 
 ROW_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8)
-"""Activation rows per intrinsic call: with 8 rows of Q4_1 (two accumulators each) every accumulator
-and the shared weight pair still fit in the 32 vector registers of AVX-512."""
+"""Activation rows per intrinsic call: 8 rows' accumulators and the shared weight pair fit in the 32
+vector registers of AVX-512; AVX2's 16 spill a few values a pair (Q4_0: 26 stack accesses among 144
+instructions), still 4 cycles a pair and row on Zen 3 (llvm-mca), against 5.7 for one row alone."""
 
 _I8 = ir.IntType(8)
 _I16 = ir.IntType(16)
@@ -116,7 +119,12 @@ def _intrinsic_call(builder, name, ret, args):
 
 def _vpdpbusd(builder: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value, wide: bool):
     """acc + lane sums of unsigned x signed bytes; 16 lanes in one 512-bit instruction when `wide`
-    (AVX-512 VNNI), else in 256-bit halves (also AVX-VNNI). 8-lane inputs take one 256-bit call."""
+    (AVX-512 VNNI), else in 256-bit halves (also AVX-VNNI). 8- and 4-lane inputs take one 256- or
+    128-bit call."""
+    if acc.type.count == 4:
+        return _intrinsic_call(
+            builder, "llvm.x86.avx512.vpdpbusd.128", ir.VectorType(_I32, 4), [acc, unsigned, signed]
+        )
     if acc.type.count == 8:
         return _intrinsic_call(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [acc, unsigned, signed])
     if wide:
@@ -148,20 +156,6 @@ def _portable_lanes(builder, kind: str, weights, xv) -> ir.Value:
     for t in range(4):
         part = _shuffle(builder, prod, prod, [4 * j + t for j in range(lanes_count)])
         lanes = part if lanes is None else builder.add(lanes, part)
-    return lanes
-
-
-def _avx2_block_lanes(builder, kind: str, weights, xv, xl) -> ir.Value:
-    """One block (32 bytes) through vpmaddubsw + vpmaddwd: 8 exact lanes."""
-    if kind == "q8_0":
-        unsigned = _intrinsic_call(builder, "llvm.x86.avx2.psign.b", _V32I8, [weights, weights])
-        signed = _intrinsic_call(builder, "llvm.x86.avx2.psign.b", _V32I8, [xv, weights])
-    else:
-        unsigned, signed = weights, xv
-    pairs = _intrinsic_call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [unsigned, signed])
-    lanes = _intrinsic_call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, const_vec(_V16I16, 1)])
-    if kind in _OFFSETS:  # q - offset: minus offset times the lane's sum of activations
-        lanes = builder.sub(lanes, builder.shl(xl, const_vec(_V8I32, _OFFSETS[kind].bit_length() - 1)))
     return lanes
 
 
@@ -294,159 +288,203 @@ def add_scaled_lanes(
     return _dpwssd(builder, wide, acc, builder.bitcast(pairs, _V16I32), scales)
 
 
-class _Pair:
-    """The weight side of one block pair (or of the odd last block: `count` 32 or 64 bytes), shared by
-    every activation row of a call."""
+def _pmaddubsw(builder: ir.IRBuilder, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
+    """int16 sums of each two unsigned x signed byte products (vpmaddubsw, 128 or 256 bits)."""
+    if unsigned.type.count == 32:
+        return _intrinsic_call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [unsigned, signed])
+    return _intrinsic_call(
+        builder, "llvm.x86.ssse3.pmadd.ub.sw.128", ir.VectorType(_I16, 8), [unsigned, signed]
+    )
 
-    def __init__(self, builder, kind: str, path: int, wide: bool, blk, count: int):
+
+def _pmaddwd_ones(builder: ir.IRBuilder, pairs: ir.Value) -> ir.Value:
+    """int32 sums of each two int16 lanes (vpmaddwd against ones)."""
+    count = pairs.type.count
+    name = "llvm.x86.avx2.pmadd.wd" if count == 16 else "llvm.x86.sse2.pmadd.wd"
+    return _intrinsic_call(builder, name, ir.VectorType(_I32, count // 2), [pairs, const_vec(pairs.type, 1)])
+
+
+def _psignb(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """a with the sign of b applied byte by byte (zero where b is zero)."""
+    name = "llvm.x86.avx2.psign.b" if a.type.count == 32 else "llvm.x86.ssse3.psign.b.128"
+    return _intrinsic_call(builder, name, a.type, [a, b])
+
+
+def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value, first: int) -> ir.Value:
+    """<16 x i8>: bit 4 set in byte j where bit first + j of Q5_0's qh (i32) is."""
+    lanes = ir.VectorType(_I32, 16)
+    spread = builder.shuffle_vector(
+        builder.insert_element(ir.Constant(lanes, ir.Undefined), qh, ir.Constant(_I32, 0)),
+        ir.Constant(lanes, ir.Undefined),
+        ir.Constant(lanes, None),
+    )
+    bits = builder.and_(
+        builder.lshr(spread, ir.Constant(lanes, list(range(first, first + 16)))), const_vec(lanes, 1)
+    )
+    return builder.trunc(builder.shl(bits, const_vec(lanes, 4)), _V16I8)
+
+
+class _Blocks:
+    """The weight side of a block pair (`count` 64 bytes of weights) or of the odd last block (32),
+    shared by every activation row of a call: the quants in two halves, A (weights 0-15 of each block)
+    and B (weights 16-31), the blocks side by side in each, and the block scales."""
+
+    def __init__(self, builder, kind: str, path: int, blk, count: int):
         block_bytes, quant_offset, has_min, nibbles = _LAYOUTS[kind]
         blocks = count // 32
-        lanes = 8 * blocks
         starts = [builder.gep(blk, [ir.Constant(_I64, i * block_bytes)]) for i in range(blocks)]
         # the block scales (Q4_1: d and m, one 32-bit load per block) as halves in one vector, widened
-        # together, then spread over the eight lanes of their block
+        # together: [d0, d1, -, -] or, with a min, [d0, m0, d1, m1]
         per_block = 2 if has_min else 1
         bits_ty = ir.IntType(16 * per_block)
         halves_ty = ir.VectorType(_I16, 4)
-        halves = ir.Constant(halves_ty, ir.Undefined)
+        scale_halves = ir.Constant(halves_ty, ir.Undefined)
         for i, start in enumerate(starts):
             bits = builder.load(builder.bitcast(start, bits_ty.as_pointer()), align=1)
             for h in range(per_block):
-                part = (
-                    builder.trunc(builder.lshr(bits, ir.Constant(bits_ty, 16 * h)), _I16)
-                    if h
-                    else builder.trunc(bits, _I16)
+                part = builder.trunc(builder.lshr(bits, ir.Constant(bits_ty, 16 * h)) if h else bits, _I16)
+                scale_halves = builder.insert_element(
+                    scale_halves, part, ir.Constant(_I32, per_block * i + h)
                 )
-                halves = builder.insert_element(halves, part, ir.Constant(_I32, per_block * i + h))
-        scales = builder.fpext(
-            builder.bitcast(halves, ir.VectorType(ir.HalfType(), 4)), ir.VectorType(_F32, 4)
+        self.scales = builder.fpext(
+            builder.bitcast(scale_halves, ir.VectorType(ir.HalfType(), 4)), ir.VectorType(_F32, 4)
         )
-        self.d = _shuffle(builder, scales, scales, [per_block * (i // 8) for i in range(lanes)])
-        self.m = None
-        if has_min:
-            self.m = _shuffle(builder, scales, scales, [per_block * (i // 8) + 1 for i in range(lanes)])
-        quants = [builder.gep(s, [ir.Constant(_I64, quant_offset)]) for s in starts]
-        if nibbles:  # per block: [low nibbles (weights 0..15), high nibbles (weights 16..31)]
-            q = [load_vec(builder, p, _V16I8) for p in quants]
-            q = q[0] if blocks == 1 else concat(builder, q[0], q[1])
-            qty = q.type
-            lo = builder.and_(q, const_vec(qty, 15))
-            hi = builder.lshr(q, const_vec(qty, 4))
-            order = [
-                i
-                for b in range(blocks)
-                for i in (*range(16 * b, 16 * b + 16), *range(qty.count + 16 * b, qty.count + 16 * b + 16))
-            ]
-            weights = _shuffle(builder, lo, hi, order)
-            if kind == "q5_0":  # bit j of each block's qh is the fifth bit of its weight j (byte j)
-                fifths = []
-                for start in starts:
+        part_a, part_b = [], []
+        for start in starts:
+            quants = builder.gep(start, [ir.Constant(_I64, quant_offset)])
+            if nibbles:  # the low nibbles are weights 0-15, the high ones 16-31
+                q = load_vec(builder, quants, _V16I8)
+                low = builder.and_(q, const_vec(_V16I8, 15))
+                high = builder.lshr(q, const_vec(_V16I8, 4))
+                if kind == "q5_0":  # bit j of the block's qh is the fifth bit of its weight j
                     qh = builder.load(
                         builder.bitcast(builder.gep(start, [ir.Constant(_I64, 2)]), _I32.as_pointer()),
                         align=1,
                     )
-                    lanes32 = ir.VectorType(_I32, 32)
-                    splat = builder.shuffle_vector(
-                        builder.insert_element(ir.Constant(lanes32, ir.Undefined), qh, ir.Constant(_I32, 0)),
-                        ir.Constant(lanes32, ir.Undefined),
-                        ir.Constant(lanes32, None),
-                    )
-                    bits = builder.and_(
-                        builder.lshr(splat, ir.Constant(lanes32, list(range(32)))), const_vec(lanes32, 1)
-                    )
-                    fifths.append(builder.trunc(builder.shl(bits, const_vec(lanes32, 4)), _V32I8))
-                fifth = fifths[0] if blocks == 1 else concat(builder, fifths[0], fifths[1])
-                weights = builder.or_(weights, fifth)
-        else:
-            q = [load_vec(builder, p, _V32I8) for p in quants]
-            weights = q[0] if blocks == 1 else concat(builder, q[0], q[1])
-        self.weights = weights
+                    low = builder.or_(low, _fifth_bits(builder, qh, 0))
+                    high = builder.or_(high, _fifth_bits(builder, qh, 16))
+                part_a.append(low)
+                part_b.append(high)
+            else:
+                part_a.append(load_vec(builder, quants, _V16I8))
+                part_b.append(load_vec(builder, builder.gep(quants, [ir.Constant(_I64, 16)]), _V16I8))
+        self.wa = part_a[0] if blocks == 1 else concat(builder, part_a[0], part_a[1])
+        self.wb = part_b[0] if blocks == 1 else concat(builder, part_b[0], part_b[1])
         self.init = None
         self.vnni_signed = path == VNNI and kind in ("q4_0", "q8_0", "q5_0")
-        if self.vnni_signed:  # signed weights against xq + 128: start from -128 * (sum of each four)
+        if self.vnni_signed:  # signed weights against xq + 128: start from -128 * (each lane's weights)
             if kind in _OFFSETS:
-                self.weights = builder.sub(weights, const_vec(weights.type, _OFFSETS[kind]))
-            ity = ir.VectorType(_I32, lanes)
-            sums = _vpdpbusd(builder, ir.Constant(ity, None), const_vec(weights.type, 1), self.weights, wide)
+                self.wa = builder.sub(self.wa, const_vec(self.wa.type, _OFFSETS[kind]))
+                self.wb = builder.sub(self.wb, const_vec(self.wb.type, _OFFSETS[kind]))
+            ity = ir.VectorType(_I32, 4 * blocks)
+            ones = const_vec(self.wa.type, 1)
+            sums = _vpdpbusd(
+                builder,
+                _vpdpbusd(builder, ir.Constant(ity, None), ones, self.wa, False),
+                ones,
+                self.wb,
+                False,
+            )
             self.init = builder.sub(ir.Constant(ity, None), builder.shl(sums, const_vec(ity, 7)))
 
 
-def _row_lanes(builder, kind: str, path: int, wide: bool, pair: _Pair, act, xl) -> ir.Value:
-    """Exact int32 lanes of one activation row against the pair: 8 per block."""
-    if pair.vnni_signed:
-        return _vpdpbusd(builder, pair.init, act, pair.weights, wide)
-    if path == VNNI:  # Q4_1: unsigned nibbles against xq
-        ity = ir.VectorType(_I32, pair.weights.type.count // 4)
-        return _vpdpbusd(builder, ir.Constant(ity, None), pair.weights, act, wide)
-    if path == PORTABLE:
-        return _portable_lanes(builder, kind, pair.weights, act)
-    if pair.weights.type.count == 32:
-        return _avx2_block_lanes(builder, kind, pair.weights, act, xl)
-    parts = [
-        _avx2_block_lanes(
-            builder,
-            kind,
-            half(builder, pair.weights, h),
-            half(builder, act, h),
-            None if xl is None else half(builder, xl, h),
+def _row_lanes(builder, kind: str, path: int, weights: _Blocks, xa, xb) -> ir.Value:
+    """Exact int32 lanes of one activation row (halves xa, xb laid out as the weights' A and B) against
+    the blocks: four per block, lane k = bytes 4k..4k+3 of A plus the same of B. AVX2 multiplies the
+    stored quants of Q4_0 / Q5_0 (the caller takes the offset off)."""
+    if weights.vnni_signed:
+        return _vpdpbusd(
+            builder, _vpdpbusd(builder, weights.init, xa, weights.wa, False), xb, weights.wb, False
         )
-        for h in (0, 1)
-    ]
-    return concat(builder, parts[0], parts[1])
+    if path == VNNI:  # Q4_1: unsigned nibbles against xq
+        ity = ir.VectorType(_I32, weights.wa.type.count // 4)
+        first = _vpdpbusd(builder, ir.Constant(ity, None), weights.wa, xa, False)
+        return _vpdpbusd(builder, first, weights.wb, xb, False)
+    if path == PORTABLE:
+        return builder.add(
+            _portable_lanes(builder, kind, weights.wa, xa), _portable_lanes(builder, kind, weights.wb, xb)
+        )
+    if kind == "q8_0":  # |w| x (x signed as w): a pair reaches 2 * 128 * 127, so A and B apart
+        halves = [
+            _pmaddwd_ones(builder, _pmaddubsw(builder, _psignb(builder, w, w), _psignb(builder, x, w)))
+            for w, x in ((weights.wa, xa), (weights.wb, xb))
+        ]
+        return builder.add(halves[0], halves[1])
+    # quants below 32 against |xq| <= 127: each int16 pair sum and the sum of A's and B's stay exact
+    pairs = builder.add(_pmaddubsw(builder, weights.wa, xa), _pmaddubsw(builder, weights.wb, xb))
+    return _pmaddwd_ones(builder, pairs)
+
+
+LANES_PER_BLOCK = 4
+"""Float lanes a block adds into: lane k gets its int32 lane k (`_row_lanes`)."""
 
 
 def _codegen(kind: str, rows: int, path: int):
     block_bytes, _, has_min, _ = _LAYOUTS[kind]
     if path not in available_paths():
         path = PORTABLE
-    wide = path == VNNI and cpu_features().avx512_vnni
     vnni_signed = path == VNNI and kind in ("q4_0", "q8_0", "q5_0")
+    # AVX2 multiplies the stored (unsigned) quants of Q4_0 / Q5_0: offset * (the lane's xq sum) off
+    offset_shift = _OFFSETS[kind].bit_length() - 1 if path == AVX2 and kind in _OFFSETS else None
+    per_block = 2 if has_min else 1
 
     def codegen(context, builder, signature, args):
         arrays = [
             context.make_array(t)(context, builder, a)
             for t, a in zip(signature.args[:6], args[:6], strict=True)
         ]
-        row, xqa, xua, xla, xsla, xsa = arrays
+        row, xqa, xua, xsuma, xs_suma, xsa = arrays
         b0 = args[6]
         row_ptr = builder.bitcast(row.data, _I8.as_pointer())
         n = builder.extract_value(xqa.shape, 1)
         n_blocks = builder.udiv(n, ir.Constant(_I64, 32))
-        n_lanes = builder.mul(n_blocks, ir.Constant(_I64, 8))
+        n_lanes = builder.mul(n_blocks, ir.Constant(_I64, LANES_PER_BLOCK))
         act_src = xua if vnni_signed else xqa
-        acts, xls, xsls, xss = [], [], [], []
+        acts, xsums, xs_sums, xss = [], [], [], []
         for r in range(rows):
             b = builder.add(b0, ir.Constant(_I64, r))
             acts.append(builder.gep(builder.bitcast(act_src.data, _I8.as_pointer()), [builder.mul(b, n)]))
             lane0 = builder.mul(b, n_lanes)
-            xls.append(builder.gep(builder.bitcast(xla.data, _I32.as_pointer()), [lane0]))
-            xsls.append(builder.gep(builder.bitcast(xsla.data, _F32.as_pointer()), [lane0]))
+            xsums.append(builder.gep(builder.bitcast(xsuma.data, _I32.as_pointer()), [lane0]))
+            xs_sums.append(builder.gep(builder.bitcast(xs_suma.data, _F32.as_pointer()), [lane0]))
             xss.append(builder.gep(builder.bitcast(xsa.data, _F32.as_pointer()), [lane0]))
-        chains = 2 if has_min else 1  # 16-lane accumulators per row: d-part, and Q4_1's m-part
 
-        def step(pair: _Pair, k, accs, count: int):
-            """New accumulators of every row after the pair starting at block k (count bytes)."""
-            lanes = count // 4
-            vty = _V16F if lanes == 16 else _V8F
+        def step(weights: _Blocks, k, accs, count: int):
+            """Every row's accumulator after the blocks from block k (count bytes of weights)."""
+            lanes = count // 8
+            vty = ir.VectorType(_F32, lanes)
             ity = ir.VectorType(_I32, lanes)
+            half_ty = ir.VectorType(_I8, count // 2)
+            d = _shuffle(
+                builder, weights.scales, weights.scales, [per_block * (i // 4) for i in range(lanes)]
+            )
+            m = None
+            if has_min:
+                m = _shuffle(
+                    builder, weights.scales, weights.scales, [per_block * (i // 4) + 1 for i in range(lanes)]
+                )
             byte0 = builder.mul(k, ir.Constant(_I64, 32))
-            lane0 = builder.mul(k, ir.Constant(_I64, 8))
+            lane0 = builder.mul(k, ir.Constant(_I64, LANES_PER_BLOCK))
             new = []
             for r in range(rows):
-                act = load_vec(builder, builder.gep(acts[r], [byte0]), ir.VectorType(_I8, count))
-                xl = None
-                if path == AVX2 and kind in _OFFSETS:
-                    xl = load_vec(builder, builder.gep(xls[r], [lane0]), ity)
-                isum = _row_lanes(builder, kind, path, wide, pair, act, xl)
+                xa = load_vec(builder, builder.gep(acts[r], [byte0]), half_ty)
+                xb = load_vec(
+                    builder,
+                    builder.gep(acts[r], [builder.add(byte0, ir.Constant(_I64, count // 2))]),
+                    half_ty,
+                )
+                isum = _row_lanes(builder, kind, path, weights, xa, xb)
+                if offset_shift is not None:
+                    xsum = load_vec(builder, builder.gep(xsums[r], [lane0]), ity)
+                    isum = builder.sub(isum, builder.shl(xsum, const_vec(ity, offset_shift)))
                 xs = load_vec(builder, builder.gep(xss[r], [lane0]), vty)
-                row_new = [_fma(builder, builder.fmul(pair.d, xs), builder.sitofp(isum, vty), accs[r][0])]
+                acc = _fma(builder, builder.fmul(d, xs), builder.sitofp(isum, vty), accs[r])
                 if has_min:
-                    xsl = load_vec(builder, builder.gep(xsls[r], [lane0]), vty)
-                    row_new.append(_fma(builder, pair.m, xsl, accs[r][1]))
-                new.append(row_new)
+                    acc = _fma(builder, m, load_vec(builder, builder.gep(xs_sums[r], [lane0]), vty), acc)
+                new.append(acc)
             return new
 
-        zero = ir.Constant(_V16F, None)
+        zero = ir.Constant(_V8F, None)
         entry = builder.block
         loop = builder.append_basic_block("pairs")
         after = builder.append_basic_block("after_pairs")
@@ -457,81 +495,70 @@ def _codegen(kind: str, rows: int, path: int):
 
         builder.position_at_end(loop)
         p = builder.phi(_I64)
-        accs = [[builder.phi(_V16F) for _ in range(chains)] for _ in range(rows)]
+        accs = [builder.phi(_V8F) for _ in range(rows)]
         k = builder.shl(p, ir.Constant(_I64, 1))
         blk = builder.gep(row_ptr, [builder.mul(k, ir.Constant(_I64, block_bytes))])
         prefetch(builder, blk, PREFETCH_BYTES, lines=(2 * block_bytes + 63) // 64)
-        new = step(_Pair(builder, kind, path, wide, blk, 64), k, accs, 64)
+        new = step(_Blocks(builder, kind, path, blk, 64), k, accs, 64)
         p_next = builder.add(p, ir.Constant(_I64, 1))
         loop_end = builder.block
         builder.cbranch(builder.icmp_unsigned("<", p_next, n_pairs), loop, after)
         p.add_incoming(ir.Constant(_I64, 0), entry)
         p.add_incoming(p_next, loop_end)
-        for r in range(rows):
-            for c in range(chains):
-                accs[r][c].add_incoming(zero, entry)
-                accs[r][c].add_incoming(new[r][c], loop_end)
+        for acc, value in zip(accs, new, strict=True):
+            acc.add_incoming(zero, entry)
+            acc.add_incoming(value, loop_end)
 
         builder.position_at_end(after)
         paired = []
-        for r in range(rows):
-            row_phis = []
-            for c in range(chains):
-                phi = builder.phi(_V16F)
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(new[r][c], loop_end)
-                row_phis.append(phi)
-            paired.append(row_phis)
+        for value in new:
+            phi = builder.phi(_V8F)
+            phi.add_incoming(zero, entry)
+            phi.add_incoming(value, loop_end)
+            paired.append(phi)
         odd = builder.trunc(builder.and_(n_blocks, ir.Constant(_I64, 1)), ir.IntType(1))
         builder.cbranch(odd, tail, done)
 
-        builder.position_at_end(tail)  # the odd last block: lanes 0-7 (the even blocks' chain)
+        builder.position_at_end(tail)  # the odd last block: lanes 0-3 (the even blocks' lanes)
         k_last = builder.sub(n_blocks, ir.Constant(_I64, 1))
         blk = builder.gep(row_ptr, [builder.mul(k_last, ir.Constant(_I64, block_bytes))])
-        low = [[half(builder, acc, 0) for acc in row_phis] for row_phis in paired]
-        tail_new = step(_Pair(builder, kind, path, wide, blk, 32), k_last, low, 32)
+        low = [half(builder, acc, 0) for acc in paired]
+        tail_new = step(_Blocks(builder, kind, path, blk, 32), k_last, low, 32)
         merged = [
-            [
-                _shuffle(builder, concat(builder, v, v), acc, [*range(8), *range(24, 32)])
-                for v, acc in zip(row_new, row_phis, strict=True)
-            ]
-            for row_new, row_phis in zip(tail_new, paired, strict=True)
+            _shuffle(builder, concat(builder, v, v), acc, [0, 1, 2, 3, 12, 13, 14, 15])
+            for v, acc in zip(tail_new, paired, strict=True)
         ]
         tail_end = builder.block
         builder.branch(done)
 
         builder.position_at_end(done)
         finals = []
-        for r in range(rows):
-            row_finals = []
-            for c in range(chains):
-                phi = builder.phi(_V16F)
-                phi.add_incoming(paired[r][c], after)
-                phi.add_incoming(merged[r][c], tail_end)
-                row_finals.append(phi)
-            finals.append(row_finals)
-        results = []
-        for row_finals in finals:
-            halves = [builder.fadd(half(builder, acc, 0), half(builder, acc, 1)) for acc in row_finals]
-            total = halves[0] if len(halves) == 1 else builder.fadd(halves[0], halves[1])
-            results.append(sum_lanes(builder, total))
+        for before, value in zip(paired, merged, strict=True):
+            phi = builder.phi(_V8F)
+            phi.add_incoming(before, after)
+            phi.add_incoming(value, tail_end)
+            finals.append(phi)
+        results = [sum_lanes(builder, acc) for acc in finals]
         return context.make_tuple(builder, signature.return_type, results)
 
     return codegen
 
 
 def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
-    return _intrinsic_call(builder, f"llvm.fma.v{a.type.count}f32", a.type, [a, b, c])
+    """a * b + c with one rounding, on float32 vectors or scalars (one lane's fma gives the same bits
+    as that lane of the vector's)."""
+    name = f"llvm.fma.v{a.type.count}f32" if isinstance(a.type, ir.VectorType) else "llvm.fma.f32"
+    return _intrinsic_call(builder, name, a.type, [a, b, c])
 
 
-def _check(row, xq, xu, xl, xsl, xs8, b0) -> bool:
+def _check(row, xq, xu, xsum, xs_sum, xs, b0) -> bool:
     arrays = (
         (row, types.uint8, 1),
         (xq, types.int8, 2),
         (xu, types.uint8, 2),
-        (xl, types.int32, 2),
-        (xsl, types.float32, 2),
-        (xs8, types.float32, 2),
+        (xsum, types.int32, 2),
+        (xs_sum, types.float32, 2),
+        (xs, types.float32, 2),
     )
     return isinstance(b0, types.Integer) and all(
         isinstance(a, types.Array) and a.dtype == dtype and a.ndim == ndim and a.layout == "C"
@@ -540,16 +567,16 @@ def _check(row, xq, xu, xl, xsl, xs8, b0) -> bool:
 
 
 def _make(kind: str, rows: int, path: int):
-    def typer(typingctx, row, xq, xu, xl, xsl, xs8, b0):
-        if not _check(row, xq, xu, xl, xsl, xs8, b0):
+    def typer(typingctx, row, xq, xu, xsum, xs_sum, xs, b0):
+        if not _check(row, xq, xu, xsum, xs_sum, xs, b0):
             return None
-        sig = types.UniTuple(types.float32, rows)(row, xq, xu, xl, xsl, xs8, types.int64)
+        sig = types.UniTuple(types.float32, rows)(row, xq, xu, xsum, xs_sum, xs, types.int64)
         return sig, _codegen(kind, rows, path)
 
     typer.__name__ = f"{kind}_i8dot{rows}_{('portable', 'avx2', 'vnni')[path]}"
-    typer.__doc__ = f"""(row uint8, xq int8 [B, n], xu uint8 [B, n], xl int32 [B, n // 4],
-    xsl float32 [B, n // 4], xs8 float32 [B, n // 4], b0) -> the {rows} int8-activation dot products of
-    the {kind.upper()} row with rows b0.. (the activation arrays: legacy_int8.int8_activations)."""
+    typer.__doc__ = f"""(row uint8, xa int8 [B, n], xu uint8 [B, n], xsum int32 [B, n // 8],
+    xs_sum float32 [B, n // 8], xs4 float32 [B, n // 8], b0) -> the {rows} int8-activation dot products
+    of the {kind.upper()} row with rows b0.. (the activation arrays: legacy_int8.int8_activations)."""
     return intrinsic(typer)
 
 
