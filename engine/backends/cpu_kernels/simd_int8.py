@@ -311,17 +311,13 @@ def _psignb(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
 
 
 def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value, first: int) -> ir.Value:
-    """<16 x i8>: bit 4 set in byte j where bit first + j of Q5_0's qh (i32) is."""
-    lanes = ir.VectorType(_I32, 16)
-    spread = builder.shuffle_vector(
-        builder.insert_element(ir.Constant(lanes, ir.Undefined), qh, ir.Constant(_I32, 0)),
-        ir.Constant(lanes, ir.Undefined),
-        ir.Constant(lanes, None),
-    )
-    bits = builder.and_(
-        builder.lshr(spread, ir.Constant(lanes, list(range(first, first + 16)))), const_vec(lanes, 1)
-    )
-    return builder.trunc(builder.shl(bits, const_vec(lanes, 4)), _V16I8)
+    """<16 x i8>: 16 in byte j where bit first + j of Q5_0's qh (i32) is set, else 0: qh's bytes spread
+    eight times each (vpshufb), each byte tested against its own bit."""
+    qh_bytes = builder.bitcast(qh, ir.VectorType(_I8, 4))
+    spread = _shuffle(builder, qh_bytes, qh_bytes, [first // 8 + j // 8 for j in range(16)])
+    bits = ir.Constant(_V16I8, [1 << (j % 8) for j in range(16)])
+    isset = builder.icmp_unsigned("!=", builder.and_(spread, bits), ir.Constant(_V16I8, None))
+    return builder.select(isset, const_vec(_V16I8, 16), ir.Constant(_V16I8, None))
 
 
 class _Blocks:
@@ -329,7 +325,7 @@ class _Blocks:
     shared by every activation row of a call: the quants in two halves, A (weights 0-15 of each block)
     and B (weights 16-31), the blocks side by side in each, and the block scales."""
 
-    def __init__(self, builder, kind: str, path: int, blk, count: int):
+    def __init__(self, builder, kind: str, path: int, blk, count: int, signed: bool):
         block_bytes, quant_offset, has_min, nibbles = _LAYOUTS[kind]
         blocks = count // 32
         starts = [builder.gep(blk, [ir.Constant(_I64, i * block_bytes)]) for i in range(blocks)]
@@ -371,31 +367,39 @@ class _Blocks:
         self.wa = part_a[0] if blocks == 1 else concat(builder, part_a[0], part_a[1])
         self.wb = part_b[0] if blocks == 1 else concat(builder, part_b[0], part_b[1])
         self.init = None
-        self.vnni_signed = path == VNNI and kind in ("q4_0", "q8_0", "q5_0")
-        if self.vnni_signed:  # signed weights against xq + 128: start from -128 * (each lane's weights)
+        self.signed = signed
+        if signed:  # signed weights against xq + 128: start from -128 * (each lane's weights)
             if kind in _OFFSETS:
                 self.wa = builder.sub(self.wa, const_vec(self.wa.type, _OFFSETS[kind]))
                 self.wb = builder.sub(self.wb, const_vec(self.wb.type, _OFFSETS[kind]))
             ity = ir.VectorType(_I32, 4 * blocks)
             ones = const_vec(self.wa.type, 1)
-            sums = _vpdpbusd(
-                builder,
-                _vpdpbusd(builder, ir.Constant(ity, None), ones, self.wa, False),
-                ones,
-                self.wb,
-                False,
-            )
+            if path == VNNI:
+                sums = _vpdpbusd(
+                    builder,
+                    _vpdpbusd(builder, ir.Constant(ity, None), ones, self.wa, False),
+                    ones,
+                    self.wb,
+                    False,
+                )
+            else:
+                pairs = builder.add(_pmaddubsw(builder, ones, self.wa), _pmaddubsw(builder, ones, self.wb))
+                sums = _pmaddwd_ones(builder, pairs)
             self.init = builder.sub(ir.Constant(ity, None), builder.shl(sums, const_vec(ity, 7)))
 
 
 def _row_lanes(builder, kind: str, path: int, weights: _Blocks, xa, xb) -> ir.Value:
     """Exact int32 lanes of one activation row (halves xa, xb laid out as the weights' A and B) against
-    the blocks: four per block, lane k = bytes 4k..4k+3 of A plus the same of B. AVX2 multiplies the
-    stored quants of Q4_0 / Q5_0 (the caller takes the offset off)."""
-    if weights.vnni_signed:
+    the blocks: four per block, lane k = bytes 4k..4k+3 of A plus the same of B. Signed weights meet
+    xq + 128; otherwise AVX2 multiplies the stored quants of Q4_0 / Q5_0 (the caller takes the offset
+    off)."""
+    if weights.signed and path == VNNI:
         return _vpdpbusd(
             builder, _vpdpbusd(builder, weights.init, xa, weights.wa, False), xb, weights.wb, False
         )
+    if weights.signed:  # AVX2, |q - offset| <= 16 against xq + 128 <= 255: pairs and their sum exact
+        pairs = builder.add(_pmaddubsw(builder, xa, weights.wa), _pmaddubsw(builder, xb, weights.wb))
+        return builder.add(_pmaddwd_ones(builder, pairs), weights.init)
     if path == VNNI:  # Q4_1: unsigned nibbles against xq
         ity = ir.VectorType(_I32, weights.wa.type.count // 4)
         first = _vpdpbusd(builder, ir.Constant(ity, None), weights.wa, xa, False)
@@ -423,9 +427,15 @@ def _codegen(kind: str, rows: int, path: int):
     block_bytes, _, has_min, _ = _LAYOUTS[kind]
     if path not in available_paths():
         path = PORTABLE
-    vnni_signed = path == VNNI and kind in ("q4_0", "q8_0", "q5_0")
-    # AVX2 multiplies the stored (unsigned) quants of Q4_0 / Q5_0: offset * (the lane's xq sum) off
-    offset_shift = _OFFSETS[kind].bit_length() - 1 if path == AVX2 and kind in _OFFSETS else None
+    # signed weights against xq + 128: VNNI (one instruction a half) and, from two rows, AVX2 for Q4_0
+    # and Q5_0, whose lane correction per pair then serves every row; one AVX2 row multiplies their
+    # stored (unsigned) quants and takes offset * (the lane's xq sum) off
+    signed = (path == VNNI and kind in ("q4_0", "q8_0", "q5_0")) or (
+        path == AVX2 and kind in _OFFSETS and rows > 1
+    )
+    offset_shift = (
+        _OFFSETS[kind].bit_length() - 1 if path == AVX2 and kind in _OFFSETS and not signed else None
+    )
     per_block = 2 if has_min else 1
 
     def codegen(context, builder, signature, args):
@@ -439,7 +449,7 @@ def _codegen(kind: str, rows: int, path: int):
         n = builder.extract_value(xqa.shape, 1)
         n_blocks = builder.udiv(n, ir.Constant(_I64, 32))
         n_lanes = builder.mul(n_blocks, ir.Constant(_I64, LANES_PER_BLOCK))
-        act_src = xua if vnni_signed else xqa
+        act_src = xua if signed else xqa
         acts, xsums, xs_sums, xss = [], [], [], []
         for r in range(rows):
             b = builder.add(b0, ir.Constant(_I64, r))
@@ -499,7 +509,7 @@ def _codegen(kind: str, rows: int, path: int):
         k = builder.shl(p, ir.Constant(_I64, 1))
         blk = builder.gep(row_ptr, [builder.mul(k, ir.Constant(_I64, block_bytes))])
         prefetch(builder, blk, PREFETCH_BYTES, lines=(2 * block_bytes + 63) // 64)
-        new = step(_Blocks(builder, kind, path, blk, 64), k, accs, 64)
+        new = step(_Blocks(builder, kind, path, blk, 64, signed), k, accs, 64)
         p_next = builder.add(p, ir.Constant(_I64, 1))
         loop_end = builder.block
         builder.cbranch(builder.icmp_unsigned("<", p_next, n_pairs), loop, after)
@@ -523,7 +533,7 @@ def _codegen(kind: str, rows: int, path: int):
         k_last = builder.sub(n_blocks, ir.Constant(_I64, 1))
         blk = builder.gep(row_ptr, [builder.mul(k_last, ir.Constant(_I64, block_bytes))])
         low = [half(builder, acc, 0) for acc in paired]
-        tail_new = step(_Blocks(builder, kind, path, blk, 32), k_last, low, 32)
+        tail_new = step(_Blocks(builder, kind, path, blk, 32, signed), k_last, low, 32)
         merged = [
             _shuffle(builder, concat(builder, v, v), acc, [0, 1, 2, 3, 12, 13, 14, 15])
             for v, acc in zip(tail_new, paired, strict=True)
