@@ -35,7 +35,7 @@ def int8_activations(xq, xs):
     uint8 = xa + 128 (the unsigned side of vpdpbusd against signed weights), and per lane (four a
     block, lane k: xq 4k..4k + 3 and 16 + 4k..16 + 4k + 3) int32 / float32 [B, in // 8]: the lane's xq
     sum xsum, its block's scale xs4, and xs_sum = xs * (the block's xq sum) in lane 0, zero in lanes 1-3
-    (Q4_1's min term; exact in float32: a half-precision scale times at most 13 bits)."""
+    (Q4_1's min term; exact in float32: a half-precision scale times at most 12 bits)."""
     batch, width = xq.shape
     blocks = width // 32
     paired = blocks - blocks % 2
