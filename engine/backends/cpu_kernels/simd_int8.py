@@ -38,7 +38,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from .features import cpu_features
-from .simd import PREFETCH_BYTES, load_vec, prefetch, sum_lanes
+from .simd import PREFETCH_BYTES, fma, load_vec, prefetch, sum_lanes
 
 # numba's JIT initialises no assembly parser, and a module holding `_dpwssd`'s inline assembly can be
 # emitted without `_dpwssd` running in this process (a caller compiled anew around cached callees)
@@ -57,15 +57,11 @@ _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _F32 = ir.FloatType()
-_V2F = ir.VectorType(_F32, 2)
 _V16I8 = ir.VectorType(_I8, 16)
-_V32I8 = ir.VectorType(_I8, 32)
-_V64I8 = ir.VectorType(_I8, 64)
 _V16I16 = ir.VectorType(_I16, 16)
 _V8I32 = ir.VectorType(_I32, 8)
 _V16I32 = ir.VectorType(_I32, 16)
 _V8F = ir.VectorType(_F32, 8)
-_V16F = ir.VectorType(_F32, 16)
 
 # block bytes, offset of the quants, has a min (Q4_1), nibbles (True) or int8 (False)
 _LAYOUTS = {
@@ -310,6 +306,22 @@ def _psignb(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
     return _intrinsic_call(builder, name, a.type, [a, b])
 
 
+def _halves_avx2(builder: ir.IRBuilder, unsigned_a, signed_a, unsigned_b, signed_b) -> ir.Value:
+    """int32 lanes of A's and B's unsigned x signed byte products (vpmaddubsw of each, one vpaddw, one
+    vpmaddwd against ones): lane k = bytes 4k..4k+3 of A plus the same of B. Exact while each int16 pair
+    sum and the sum of A's and B's stay below 2**15, which the callers' operand ranges guarantee."""
+    pairs = builder.add(_pmaddubsw(builder, unsigned_a, signed_a), _pmaddubsw(builder, unsigned_b, signed_b))
+    return _pmaddwd_ones(builder, pairs)
+
+
+def _halves_vnni(builder: ir.IRBuilder, acc, unsigned_a, signed_a, unsigned_b, signed_b) -> ir.Value:
+    """acc + A's and then B's unsigned x signed byte products in lanes of four (two vpdpbusd, 256 or 128
+    bits): lane k gets bytes 4k..4k+3 of A and of B."""
+    return _vpdpbusd(
+        builder, _vpdpbusd(builder, acc, unsigned_a, signed_a, False), unsigned_b, signed_b, False
+    )
+
+
 def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value, first: int) -> ir.Value:
     """<16 x i8>: 16 in byte j where bit first + j of Q5_0's qh (i32) is set, else 0: qh's bytes spread
     eight times each (vpshufb), each byte tested against its own bit."""
@@ -375,16 +387,9 @@ class _Blocks:
             ity = ir.VectorType(_I32, 4 * blocks)
             ones = const_vec(self.wa.type, 1)
             if path == VNNI:
-                sums = _vpdpbusd(
-                    builder,
-                    _vpdpbusd(builder, ir.Constant(ity, None), ones, self.wa, False),
-                    ones,
-                    self.wb,
-                    False,
-                )
+                sums = _halves_vnni(builder, ir.Constant(ity, None), ones, self.wa, ones, self.wb)
             else:
-                pairs = builder.add(_pmaddubsw(builder, ones, self.wa), _pmaddubsw(builder, ones, self.wb))
-                sums = _pmaddwd_ones(builder, pairs)
+                sums = _halves_avx2(builder, ones, self.wa, ones, self.wb)
             self.init = builder.sub(ir.Constant(ity, None), builder.shl(sums, const_vec(ity, 7)))
 
 
@@ -394,16 +399,12 @@ def _row_lanes(builder, kind: str, path: int, weights: _Blocks, xa, xb) -> ir.Va
     xq + 128; otherwise AVX2 multiplies the stored quants of Q4_0 / Q5_0 (the caller takes the offset
     off)."""
     if weights.signed and path == VNNI:
-        return _vpdpbusd(
-            builder, _vpdpbusd(builder, weights.init, xa, weights.wa, False), xb, weights.wb, False
-        )
+        return _halves_vnni(builder, weights.init, xa, weights.wa, xb, weights.wb)
     if weights.signed:  # AVX2, |q - offset| <= 16 against xq + 128 <= 255: pairs and their sum exact
-        pairs = builder.add(_pmaddubsw(builder, xa, weights.wa), _pmaddubsw(builder, xb, weights.wb))
-        return builder.add(_pmaddwd_ones(builder, pairs), weights.init)
+        return builder.add(_halves_avx2(builder, xa, weights.wa, xb, weights.wb), weights.init)
     if path == VNNI:  # Q4_1: unsigned nibbles against xq
         ity = ir.VectorType(_I32, weights.wa.type.count // 4)
-        first = _vpdpbusd(builder, ir.Constant(ity, None), weights.wa, xa, False)
-        return _vpdpbusd(builder, first, weights.wb, xb, False)
+        return _halves_vnni(builder, ir.Constant(ity, None), weights.wa, xa, weights.wb, xb)
     if path == PORTABLE:
         return builder.add(
             _portable_lanes(builder, kind, weights.wa, xa), _portable_lanes(builder, kind, weights.wb, xb)
@@ -415,8 +416,7 @@ def _row_lanes(builder, kind: str, path: int, weights: _Blocks, xa, xb) -> ir.Va
         ]
         return builder.add(halves[0], halves[1])
     # quants below 32 against |xq| <= 127: each int16 pair sum and the sum of A's and B's stay exact
-    pairs = builder.add(_pmaddubsw(builder, weights.wa, xa), _pmaddubsw(builder, weights.wb, xb))
-    return _pmaddwd_ones(builder, pairs)
+    return _halves_avx2(builder, weights.wa, xa, weights.wb, xb)
 
 
 LANES_PER_BLOCK = 4
@@ -443,13 +443,13 @@ def _codegen(kind: str, rows: int, path: int):
             context.make_array(t)(context, builder, a)
             for t, a in zip(signature.args[:6], args[:6], strict=True)
         ]
-        row, xqa, xua, xsuma, xs_suma, xsa = arrays
+        row, xaa, xua, xsuma, xs_suma, xs4a = arrays
         b0 = args[6]
         row_ptr = builder.bitcast(row.data, _I8.as_pointer())
-        n = builder.extract_value(xqa.shape, 1)
+        n = builder.extract_value(xaa.shape, 1)
         n_blocks = builder.udiv(n, ir.Constant(_I64, 32))
         n_lanes = builder.mul(n_blocks, ir.Constant(_I64, LANES_PER_BLOCK))
-        act_src = xua if signed else xqa
+        act_src = xua if signed else xaa
         acts, xsums, xs_sums, xss = [], [], [], []
         for r in range(rows):
             b = builder.add(b0, ir.Constant(_I64, r))
@@ -457,7 +457,7 @@ def _codegen(kind: str, rows: int, path: int):
             lane0 = builder.mul(b, n_lanes)
             xsums.append(builder.gep(builder.bitcast(xsuma.data, _I32.as_pointer()), [lane0]))
             xs_sums.append(builder.gep(builder.bitcast(xs_suma.data, _F32.as_pointer()), [lane0]))
-            xss.append(builder.gep(builder.bitcast(xsa.data, _F32.as_pointer()), [lane0]))
+            xss.append(builder.gep(builder.bitcast(xs4a.data, _F32.as_pointer()), [lane0]))
 
         def step(weights: _Blocks, k, accs, count: int):
             """Every row's accumulator after the blocks from block k (count bytes of weights)."""
@@ -488,9 +488,9 @@ def _codegen(kind: str, rows: int, path: int):
                     xsum = load_vec(builder, builder.gep(xsums[r], [lane0]), ity)
                     isum = builder.sub(isum, builder.shl(xsum, const_vec(ity, offset_shift)))
                 xs = load_vec(builder, builder.gep(xss[r], [lane0]), vty)
-                acc = _fma(builder, builder.fmul(d, xs), builder.sitofp(isum, vty), accs[r])
+                acc = fma(builder, builder.fmul(d, xs), builder.sitofp(isum, vty), accs[r])
                 if has_min:
-                    acc = _fma(builder, m, load_vec(builder, builder.gep(xs_sums[r], [lane0]), vty), acc)
+                    acc = fma(builder, m, load_vec(builder, builder.gep(xs_sums[r], [lane0]), vty), acc)
                 new.append(acc)
             return new
 
@@ -554,21 +554,14 @@ def _codegen(kind: str, rows: int, path: int):
     return codegen
 
 
-def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
-    """a * b + c with one rounding, on float32 vectors or scalars (one lane's fma gives the same bits
-    as that lane of the vector's)."""
-    name = f"llvm.fma.v{a.type.count}f32" if isinstance(a.type, ir.VectorType) else "llvm.fma.f32"
-    return _intrinsic_call(builder, name, a.type, [a, b, c])
-
-
-def _check(row, xq, xu, xsum, xs_sum, xs, b0) -> bool:
+def _check(row, xa, xu, xsum, xs_sum, xs4, b0) -> bool:
     arrays = (
         (row, types.uint8, 1),
-        (xq, types.int8, 2),
+        (xa, types.int8, 2),
         (xu, types.uint8, 2),
         (xsum, types.int32, 2),
         (xs_sum, types.float32, 2),
-        (xs, types.float32, 2),
+        (xs4, types.float32, 2),
     )
     return isinstance(b0, types.Integer) and all(
         isinstance(a, types.Array) and a.dtype == dtype and a.ndim == ndim and a.layout == "C"
@@ -577,10 +570,10 @@ def _check(row, xq, xu, xsum, xs_sum, xs, b0) -> bool:
 
 
 def _make(kind: str, rows: int, path: int):
-    def typer(typingctx, row, xq, xu, xsum, xs_sum, xs, b0):
-        if not _check(row, xq, xu, xsum, xs_sum, xs, b0):
+    def typer(typingctx, row, xa, xu, xsum, xs_sum, xs4, b0):
+        if not _check(row, xa, xu, xsum, xs_sum, xs4, b0):
             return None
-        sig = types.UniTuple(types.float32, rows)(row, xq, xu, xsum, xs_sum, xs, types.int64)
+        sig = types.UniTuple(types.float32, rows)(row, xa, xu, xsum, xs_sum, xs4, types.int64)
         return sig, _codegen(kind, rows, path)
 
     typer.__name__ = f"{kind}_i8dot{rows}_{('portable', 'avx2', 'vnni')[path]}"
