@@ -32,13 +32,23 @@ from numba import types
 from numba.extending import intrinsic
 
 from .features import cpu_features
-from .simd import PREFETCH_BYTES, fma, is_c_array, load_vec, prefetch, sum_int_lanes_of
+from .simd import (
+    PREFETCH_BYTES,
+    call_intrinsic,
+    fma,
+    is_c_array,
+    load_vec,
+    prefetch,
+    sum_int_lanes_of,
+)
 from .simd_int8 import (
+    AVX2,
     PORTABLE,
     add_scaled_lanes,
     available_paths,
     concat,
     const_vec,
+    half,
     low_halves,
     pair_scales,
     small_products,
@@ -55,6 +65,10 @@ _F32 = ir.FloatType()
 _V32I8 = ir.VectorType(_I8, 32)
 _V64I8 = ir.VectorType(_I8, 64)
 _V16I32 = ir.VectorType(_I32, 16)
+_V16I8 = ir.VectorType(_I8, 16)
+_V4I32 = ir.VectorType(_I32, 4)
+_V8I32 = ir.VectorType(_I32, 8)
+_V16I16 = ir.VectorType(ir.IntType(16), 16)
 
 BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 
@@ -109,19 +123,35 @@ def _shuffle(builder: ir.IRBuilder, vec: ir.Value, indices: list[int]) -> ir.Val
     return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(_I32, len(indices)), indices))
 
 
-def _half_at(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
-    """The IEEE half at byte `offset` of the block, widened to float."""
-    ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, offset)]), ir.IntType(16).as_pointer())
-    return builder.fpext(builder.bitcast(builder.load(ptr, align=1), ir.HalfType()), _F32)
+def _block_halves(builder: ir.IRBuilder, kind: str, block: ir.Value) -> tuple[ir.Value, ir.Value | None]:
+    """(d, dmin) of the super-block at `block` as floats (Q6_K: d, None). The halves are loaded into the
+    low bits of a zeroed vector and widened there: inserted into an undefined register, LLVM picked the
+    float accumulator's, which chained every super-block's conversion behind the previous fma."""
+    if kind == "q6_k":
+        ptr = builder.bitcast(builder.gep(block, [ir.Constant(_I64, 208)]), ir.IntType(16).as_pointer())
+        bits = builder.zext(builder.load(ptr, align=1), _I32)
+    else:
+        bits = builder.load(builder.bitcast(block, _I32.as_pointer()), align=1)
+    vec = builder.insert_element(ir.Constant(_V4I32, None), bits, ir.Constant(_I32, 0))
+    halves = builder.shuffle_vector(
+        builder.bitcast(vec, ir.VectorType(ir.HalfType(), 8)),
+        ir.Constant(ir.VectorType(ir.HalfType(), 8), None),
+        ir.Constant(ir.VectorType(_I32, 2), [0, 1]),
+    )
+    floats = builder.fpext(halves, ir.VectorType(_F32, 2))
+    d = builder.extract_element(floats, ir.Constant(_I32, 0))
+    if kind == "q6_k":
+        return d, None
+    return d, builder.extract_element(floats, ir.Constant(_I32, 1))
 
 
 def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value):
     """(sc, m, d, dmin) of the super-block at `block`: Q4_K, Q5_K: the 8 six-bit sub-block scales and
-    mins as <8 x i32>, unpacked from the 12 scale bytes, and the two halves d, dmin as floats; Q6_K: the 16
-    signed scales as <16 x i32>, None, d, None."""
+    mins as <8 x i32>, unpacked from the 12 scale bytes, and `_block_halves`; Q6_K: the 16 signed scales
+    as <16 x i32>, None, d, None."""
     if kind == "q6_k":
         scales = load_vec(builder, builder.gep(block, [ir.Constant(_I64, 192)]), ir.VectorType(_I8, 16))
-        return builder.sext(scales, _V16I32), None, _half_at(builder, block, 208), None
+        return builder.sext(scales, _V16I32), None, *_block_halves(builder, kind, block)
     v8i32 = ir.VectorType(_I32, 8)
     raw = builder.zext(
         load_vec(builder, builder.gep(block, [ir.Constant(_I64, 4)]), ir.VectorType(_I8, 16)), _V16I32
@@ -146,7 +176,154 @@ def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value):
         ),
         builder.and_(builder.lshr(pick([0, 1, 2, 3, 4, 5, 6, 7]), consts([2] * 8)), top_bits),
     )
-    return sc, mn, _half_at(builder, block, 0), _half_at(builder, block, 2)
+    return sc, mn, *_block_halves(builder, kind, block)
+
+
+def _lanes_superblock(builder, kind: str, path: int, wide: bool, block, rows: int, xq_rows, xb_rows, sb):
+    """Portable and VNNI: per activation row the exact A (Q6_K: A - 32 * sum_k sc[k] xb[k]) and M of one
+    super-block as <16 x i32> lanes to be summed, through `add_scaled_lanes` and `small_products`."""
+    sc, mn, _, _ = _superblock_scales(builder, kind, block)
+    if kind == "q6_k":  # signed scales: `small_products` wants their high halves clear
+        q6_offsets = low_halves(builder, path, builder.mul(sc, const_vec(_V16I32, -32)))
+        sc = low_halves(builder, path, sc)
+    else:
+        min_factors = _shuffle(builder, mn, [i // 2 for i in range(16)])
+    sc_pairs = pair_scales(builder, path, sc)  # once per super-block, each chunk shuffles its lanes
+    sums = [ir.Constant(_V16I32, None)] * rows
+    for chunk in range(4):
+        quants = _chunk_quants(builder, kind, block, chunk)
+        # the scale of each lane of four weights: per 32 weights (Q4_K, Q5_K) or per 16 (Q6_K)
+        lanes_of = (
+            [4 * chunk + i // 4 for i in range(16)]
+            if kind == "q6_k"
+            else [2 * chunk + i // 8 for i in range(16)]
+        )
+        lane_scales = _shuffle(builder, sc_pairs, lanes_of)
+        byte0 = builder.add(builder.mul(sb, ir.Constant(_I64, 256)), ir.Constant(_I64, 64 * chunk))
+        for r in range(rows):
+            act = load_vec(builder, builder.gep(xq_rows[r], [byte0]), _V64I8)
+            sums[r] = add_scaled_lanes(builder, path, wide, sums[r], quants, act, lane_scales)
+    sixteen0 = builder.mul(sb, ir.Constant(_I64, 16))
+    totals, mins = [], []
+    for r in range(rows):
+        xb = load_vec(builder, builder.gep(xb_rows[r], [sixteen0]), _V16I32)
+        if kind == "q6_k":  # (q - 32) * sc: minus 32 * sc * (sum of the 16 xq), all exact integers
+            totals.append(small_products(builder, path, wide, sums[r], xb, q6_offsets))
+        else:  # sum_j m[j] * xb32[j]: each 16-lane run of xb against its sub-block's min
+            totals.append(sums[r])
+            mins.append(small_products(builder, path, wide, ir.Constant(_V16I32, None), xb, min_factors))
+    return totals, mins
+
+
+def _vpshufb(builder: ir.IRBuilder, vec: ir.Value, mask: list[int]) -> ir.Value:
+    """vpshufb of a 256-bit vector by constant byte indices (each inside its own 128-bit half), as inline
+    assembly: LLVM turns the intrinsic with a constant mask back into a generic shuffle and lowers a
+    splat of lane j > 0 to a move to lane 0 and a broadcast, two µops on the shuffle ports."""
+    v32 = ir.VectorType(_I8, 32)
+    shuffle = ir.InlineAsm(ir.FunctionType(v32, [v32, v32]), "vpshufb $2, $1, $0", "=x,x,xm")
+    out = builder.call(shuffle, [builder.bitcast(vec, v32), ir.Constant(v32, mask)])
+    return builder.bitcast(out, vec.type)
+
+
+def _pmaddwd(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """<8 x i32>: the sums of each two int16 products of a and b (<16 x i16>), vpmaddwd."""
+    return call_intrinsic(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [a, b])
+
+
+def _packed_sums(builder: ir.IRBuilder, xb_row: ir.Value, sixteen0: ir.Value) -> ir.Value:
+    """A super-block's 16 activation sums xb (int32, each |xb| <= 16 * 127 < 2**15) as <16 x i16> in
+    vpackssdw's order: xb 0-3, 8-11 in the low 128 bits, 4-7, 12-15 in the high ones (exact)."""
+    lo, hi = (
+        load_vec(builder, builder.gep(xb_row, [builder.add(sixteen0, ir.Constant(_I64, 8 * h))]), _V8I32)
+        for h in (0, 1)
+    )
+    return call_intrinsic(builder, "llvm.x86.avx2.packssdw", _V16I16, [lo, hi])
+
+
+def _avx2_scales(builder: ir.IRBuilder, kind: str, block: ir.Value) -> tuple[list, ir.Value]:
+    """A super-block's scales for the AVX2 kernel: the int16 splat for each of the eight 32-weight
+    halves of its chunks (<16 x i16>), and the factors of `_packed_sums`, in its order.
+    Q4_K, Q5_K: the splats are sc[j], the factors [m0 m0 m1 m1 m4 m4 m5 m5 | m2 m2 m3 m3 m6 m6 m7 m7];
+    the unsigned scale and min bytes are unpacked once into one 128-bit vector and copied to both
+    halves, and each splat or factor vector is one vpshufb of it (a zero byte above each). Q6_K: the
+    splat of half t is sc[2t] in the low 128 bits and sc[2t + 1] in the high ones (its two 16-weight
+    groups), picked by vpshufb from the signed scales widened once as [sc0 sc2 .. sc14 | sc1 .. sc15];
+    the factors are [sc0..sc3 sc8..sc11 | sc4..sc7 sc12..sc15]."""
+    v16 = ir.VectorType(_I32, 16)
+
+    def word_mask(low: list[int], high: list[int], wide_bytes: bool) -> list[int]:
+        # bytes of int16 lanes: (byte j, 0) from byte sources, (2j, 2j + 1) from int16 ones
+        if wide_bytes:
+            return [2 * w + b for w in low for b in (0, 1)] + [2 * w + b for w in high for b in (0, 1)]
+        return [v for w in low for v in (w, 0x80)] + [v for w in high for v in (w, 0x80)]
+
+    if kind == "q6_k":
+        raw = load_vec(builder, builder.gep(block, [ir.Constant(_I64, 192)]), _V16I8)
+        even_odd = builder.shuffle_vector(raw, raw, ir.Constant(v16, [*range(0, 16, 2), *range(1, 16, 2)]))
+        by_sums = builder.shuffle_vector(
+            raw, raw, ir.Constant(v16, [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])
+        )
+        words = builder.sext(even_odd, _V16I16)
+        splats = [_vpshufb(builder, words, word_mask([t] * 8, [t] * 8, True)) for t in range(8)]
+        return splats, builder.sext(by_sums, _V16I16)
+    # the 12 scale bytes as four int32 u0..u3 (u3: four quant bytes, unused); llama.cpp's unpack in
+    # vector lanes: [sc0-3, sc4-7, m0-3, m4-7] = [u0 & 63s, (u2 & 15s) | ((u0 >> 6) & 3s) << 4,
+    # u1 & 63s, ((u2 >> 4) & 15s) | ((u1 >> 6) & 3s) << 4], bytes in parallel
+    u = load_vec(builder, builder.gep(block, [ir.Constant(_I64, 4)]), _V4I32)
+
+    def pick(indices: list[int]) -> ir.Value:
+        return builder.shuffle_vector(u, u, ir.Constant(_V4I32, indices))
+
+    def consts(values: list[int]) -> ir.Constant:
+        return ir.Constant(_V4I32, values)
+
+    low_bits = builder.and_(
+        builder.lshr(pick([0, 2, 1, 2]), consts([0, 0, 0, 4])),
+        consts([0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F]),
+    )
+    top_bits = builder.and_(builder.lshr(pick([0, 0, 1, 1]), consts([2] * 4)), consts([0, 0x30303030] * 2))
+    unpacked = builder.or_(low_bits, top_bits)  # bytes sc0..sc7, m0..m7
+    both = builder.bitcast(
+        builder.shuffle_vector(unpacked, unpacked, ir.Constant(ir.VectorType(_I32, 8), [*range(4)] * 2)),
+        ir.VectorType(_I8, 32),
+    )
+    splats = [
+        builder.bitcast(_vpshufb(builder, both, word_mask([j] * 8, [j] * 8, False)), _V16I16)
+        for j in range(8)
+    ]
+    mins = _vpshufb(
+        builder, both, word_mask([8, 8, 9, 9, 12, 12, 13, 13], [10, 10, 11, 11, 14, 14, 15, 15], False)
+    )
+    return splats, builder.bitcast(mins, _V16I16)
+
+
+def _avx2_superblock(builder, kind: str, block, rows: int, xq_rows, xb_rows, sb) -> tuple[list, list]:
+    """AVX2: per activation row the exact A (Q6_K: A - 32 * sum_k sc[k] xb[k]) and M of one super-block,
+    each as <8 x i32> lanes to be summed. Per 32 weights and row one vpmaddubsw and one vpmaddwd against
+    the sub-block's scale splat by one vpshufb (llama.cpp's AVX2 K-quant dot), into one 8-lane
+    accumulator; the sums' term is one vpackssdw and one vpmaddwd per row. The same integers as
+    `add_scaled_lanes`, so the same bits."""
+    splats, factors = _avx2_scales(builder, kind, block)
+    sums = [ir.Constant(_V8I32, None)] * rows
+    for chunk in range(4):
+        quants = _chunk_quants(builder, kind, block, chunk)
+        for h in (0, 1):
+            sub = 2 * chunk + h  # 32 weights: Q4_K/Q5_K sub-block `sub`, Q6_K groups 2 * sub, 2 * sub + 1
+            weights = half(builder, quants, h)
+            byte0 = builder.add(
+                builder.mul(sb, ir.Constant(_I64, 256)), ir.Constant(_I64, 64 * chunk + 32 * h)
+            )
+            for r in range(rows):
+                act = load_vec(builder, builder.gep(xq_rows[r], [byte0]), ir.VectorType(_I8, 32))
+                pairs = call_intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [weights, act])
+                sums[r] = builder.add(sums[r], _pmaddwd(builder, pairs, splats[sub]))
+    sixteen0 = builder.mul(sb, ir.Constant(_I64, 16))
+    terms = [_pmaddwd(builder, _packed_sums(builder, xb_rows[r], sixteen0), factors) for r in range(rows)]
+    if kind == "q6_k":  # (q - 32) * sc: minus 32 * (sc . xb), exact
+        return [
+            builder.sub(s, builder.shl(t, const_vec(_V8I32, 5))) for s, t in zip(sums, terms, strict=True)
+        ], []
+    return sums, terms
 
 
 def _codegen(kind: str, rows: int, path: int):
@@ -191,42 +368,31 @@ def _codegen(kind: str, rows: int, path: int):
         acc_phi = builder.phi(fty)
         block = builder.gep(row_ptr, [builder.mul(sb, ir.Constant(_I64, block_bytes))])
         prefetch(builder, block, PREFETCH_BYTES, lines=(block_bytes + 63) // 64)
-        sc, mn, d, dmin = _superblock_scales(builder, kind, block)
-        if kind == "q6_k":  # signed scales: `small_products` wants their high halves clear
-            q6_offsets = low_halves(builder, path, builder.mul(sc, const_vec(_V16I32, -32)))
-            sc = low_halves(builder, path, sc)
+        if path == AVX2:
+            totals, mins = _avx2_superblock(builder, kind, block, rows, xq_rows, xb_rows, sb)
         else:
-            min_factors = _shuffle(builder, mn, [i // 2 for i in range(16)])
-        sc_pairs = pair_scales(builder, path, sc)  # once per super-block, each chunk shuffles its lanes
-        sums = [ir.Constant(_V16I32, None)] * rows
-        for chunk in range(4):
-            quants = _chunk_quants(builder, kind, block, chunk)
-            # the scale of each lane of four weights: per 32 weights (Q4_K, Q5_K) or per 16 (Q6_K)
-            lanes_of = (
-                [4 * chunk + i // 4 for i in range(16)]
-                if kind == "q6_k"
-                else [2 * chunk + i // 8 for i in range(16)]
-            )
-            lane_scales = _shuffle(builder, sc_pairs, lanes_of)
-            byte0 = builder.add(builder.mul(sb, ir.Constant(_I64, 256)), ir.Constant(_I64, 64 * chunk))
-            for r in range(rows):
-                act = load_vec(builder, builder.gep(xq_rows[r], [byte0]), _V64I8)
-                sums[r] = add_scaled_lanes(builder, path, wide, sums[r], quants, act, lane_scales)
-        sixteen0 = builder.mul(sb, ir.Constant(_I64, 16))
-        totals, mins, scales = [], [], ir.Constant(fty, None)
+            totals, mins = _lanes_superblock(builder, kind, path, wide, block, rows, xq_rows, xb_rows, sb)
+        d, dmin = _block_halves(builder, kind, block)
+        # lane r: d * xd of row r; lane rows + r: dmin * xd (one vector multiply)
+        xd = ir.Constant(fty, None)
         for r in range(rows):
-            xd = builder.load(builder.gep(xd_rows[r], [sb]))
-            xb = load_vec(builder, builder.gep(xb_rows[r], [sixteen0]), _V16I32)
-            total = sums[r]
-            if kind == "q6_k":  # (q - 32) * sc: minus 32 * sc * (sum of the 16 xq), all exact integers
-                total = small_products(builder, path, wide, total, xb, q6_offsets)
-            totals.append(total)
-            scales = builder.insert_element(scales, builder.fmul(d, xd), ir.Constant(_I32, r))
-            if kind != "q6_k":  # sum_j m[j] * xb32[j]: each 16-lane run of xb against its sub-block's min
-                mins.append(small_products(builder, path, wide, ir.Constant(_V16I32, None), xb, min_factors))
-                scales = builder.insert_element(scales, builder.fmul(dmin, xd), ir.Constant(_I32, rows + r))
-        # A and M of every row, each summed over its 16 lanes (exact), in one transposing tree
-        exact = sum_int_lanes_of(builder, totals + mins)  # padded to `width` lanes with zeros
+            xd_r = builder.load(builder.gep(xd_rows[r], [sb]))
+            xd = builder.insert_element(xd, xd_r, ir.Constant(_I32, r))
+            if dmin is not None:
+                xd = builder.insert_element(xd, xd_r, ir.Constant(_I32, rows + r))
+        factors = ir.Constant(fty, None)
+        for lane in range(sums_per_row * rows):
+            value = d if lane < rows else dmin
+            factors = builder.insert_element(factors, value, ir.Constant(_I32, lane))
+        scales = builder.fmul(factors, xd)
+        lanes = totals + mins
+        if len(lanes) <= 4 and lanes[0].type.count == 8:  # AVX2: fold 8 lanes to 4 (xmm work after)
+            lanes = [
+                builder.add(_shuffle(builder, v, [0, 1, 2, 3]), _shuffle(builder, v, [4, 5, 6, 7]))
+                for v in lanes
+            ]
+        # A and M of every row, each summed over its lanes (exact), in one transposing tree
+        exact = sum_int_lanes_of(builder, lanes)  # padded to `width` lanes with zeros
         new_acc = fma(builder, scales, builder.sitofp(exact, fty), acc_phi)
         following = builder.add(sb, ir.Constant(_I64, 1))
         loop_end = builder.block
