@@ -192,6 +192,10 @@ def test_mmap_false_copies_the_blocks_out_of_the_file_once_with_the_same_logits(
     for weight in (copied_model.layers[0].down, copied_model.layers[0].qkv, copied_model.embed):
         assert not read_only_file_map(weight.blocks) and not weight.blocks.flags.writeable
     assert copied_model.embed.blocks is copied_model.lm_head.blocks
+    # the norms too: read from the map, each fault would map the file pages around them back in
+    assert read_only_file_map(mapped_model.layers[0].attn_norm.data)
+    assert not read_only_file_map(copied_model.layers[0].attn_norm.data)
+    assert not read_only_file_map(copied_model.final_norm.data)
     assert copying.mapped_bytes == 0
     short = CpuBackend(kernels="int8", mmap=False)
     short._copy_budget = 0
@@ -218,3 +222,15 @@ def test_no_mmap_on_the_command_line_is_refused_off_the_cpu() -> None:
     assert cpu_mmap(resolve_settings({}, env={}), "cuda") is True  # the default does not reach a GPU
     with pytest.raises(SystemExit):
         cpu_mmap(resolve_settings({"mmap": False}, env={}), "cuda")
+
+
+def test_rows_in_their_own_order_are_the_tensor_itself_and_others_a_gathered_copy() -> None:
+    """llama.cpp's llama-family q/k need no reordering: the tensor comes back as is (no gather that
+    reads the whole file map into a copy); another order moves whole rows of blocks."""
+    blocks = _blocks(np.random.default_rng(5), 6)
+    tensor = QuantizedTensor(blocks, "Q8_0", (6, 32))
+    assert tensor.with_rows(np.arange(6)) is tensor
+    order = np.array([1, 0, 3, 2, 5, 4])
+    swapped = tensor.with_rows(order)
+    assert swapped.blocks is not blocks and np.array_equal(swapped.blocks, blocks[order])
+    assert swapped.shape == tensor.shape and swapped.type_name == "Q8_0"

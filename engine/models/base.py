@@ -151,7 +151,12 @@ class QuantizedTensor:
         return QuantizedTensor(self.blocks[index * out : (index + 1) * out], self.type_name, (out, cols))
 
     def with_rows(self, order: np.ndarray) -> QuantizedTensor:
-        """The same tensor with its rows (whole rows of blocks) taken in `order`."""
+        """The same tensor with its rows (whole rows of blocks) taken in `order`: itself when that is
+        their order already (llama.cpp's llama-family q/k), else a copy. (Gathering in the identity
+        order read every page of the file map into a copy the backend then copied again, and those
+        file pages stayed resident: 35 MB on the Llama 3.2 1B shape.)"""
+        if np.array_equal(order, np.arange(len(self.blocks))):
+            return self
         return QuantizedTensor(np.ascontiguousarray(self.blocks[order]), self.type_name, self.shape)
 
 
