@@ -9,11 +9,13 @@ sub-block:
 so per super-block and activation row
     Q4_K, Q5_K: (d * xd) * A - (dmin * xd) * M,   A = sum_j sc[j] sum_i q_i xq_i,  M = sum_j m[j] xb32[j]
     Q6_K:       (d * xd) * (A - 32 * sum_k sc[k] xb[k])
-with A and M exact int32 sums, 16 lanes wide (lane l summing weights 4l..4l+3 of each 64-weight chunk),
-whichever instructions compute them (vpmaddubsw, then vpdpwssd against the lanes' scales on VNNI;
-vpmaddubsw and vpmaddwd against the scales on AVX2, as llama.cpp does; widening multiplies elsewhere:
-`simd_int8.add_scaled_lanes`; the mins and Q6_K's offsets through `simd_int8.small_products`).
-The float part is fixed: the 16 lanes of A (and M) are added into one exact int32 per super-block,
+with A and M exact int32 sums, whichever instructions compute them: on VNNI and portable 16 lanes wide
+(lane l summing weights 4l..4l+3 of each 64-weight chunk; vpmaddubsw, then vpdpwssd against the lanes'
+scales, or widening multiplies: `simd_int8.add_scaled_lanes`; the mins and Q6_K's offsets through
+`simd_int8.small_products`); on AVX2 8 lanes wide, llama.cpp's dot (`_avx2_superblock`: per 32 weights
+one vpmaddubsw and one vpmaddwd against the scale splat by one vpshufb, the mins and offsets against the
+activation sums packed to int16).
+The float part is fixed: the lanes of A (and M) are added into one exact int32 per super-block,
 then acc = fma(d * xd, float(A), acc) and (Q4_K, Q5_K) accm = fma(dmin * xd, float(M), accm), scalars,
 super-block after super-block; the result is acc - accm. That per-super-block form is also what the
 tiled kernels of kquants_tiles_int8.py compute for each (weight row, activation row), with activation
