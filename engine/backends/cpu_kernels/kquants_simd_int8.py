@@ -148,12 +148,11 @@ def _block_halves(builder: ir.IRBuilder, kind: str, block: ir.Value) -> tuple[ir
 
 
 def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value):
-    """(sc, m, d, dmin) of the super-block at `block`: Q4_K, Q5_K: the 8 six-bit sub-block scales and
-    mins as <8 x i32>, unpacked from the 12 scale bytes, and `_block_halves`; Q6_K: the 16 signed scales
-    as <16 x i32>, None, d, None."""
+    """(sc, m) of the super-block at `block`: Q4_K, Q5_K: the 8 six-bit sub-block scales and mins as
+    <8 x i32>, unpacked from the 12 scale bytes; Q6_K: the 16 signed scales as <16 x i32>, None."""
     if kind == "q6_k":
         scales = load_vec(builder, builder.gep(block, [ir.Constant(_I64, 192)]), ir.VectorType(_I8, 16))
-        return builder.sext(scales, _V16I32), None, *_block_halves(builder, kind, block)
+        return builder.sext(scales, _V16I32), None
     v8i32 = ir.VectorType(_I32, 8)
     raw = builder.zext(
         load_vec(builder, builder.gep(block, [ir.Constant(_I64, 4)]), ir.VectorType(_I8, 16)), _V16I32
@@ -178,13 +177,13 @@ def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value):
         ),
         builder.and_(builder.lshr(pick([0, 1, 2, 3, 4, 5, 6, 7]), consts([2] * 8)), top_bits),
     )
-    return sc, mn, *_block_halves(builder, kind, block)
+    return sc, mn
 
 
 def _lanes_superblock(builder, kind: str, path: int, wide: bool, block, rows: int, xq_rows, xb_rows, sb):
     """Portable and VNNI: per activation row the exact A (Q6_K: A - 32 * sum_k sc[k] xb[k]) and M of one
     super-block as <16 x i32> lanes to be summed, through `add_scaled_lanes` and `small_products`."""
-    sc, mn, _, _ = _superblock_scales(builder, kind, block)
+    sc, mn = _superblock_scales(builder, kind, block)
     if kind == "q6_k":  # signed scales: `small_products` wants their high halves clear
         q6_offsets = low_halves(builder, path, builder.mul(sc, const_vec(_V16I32, -32)))
         sc = low_halves(builder, path, sc)

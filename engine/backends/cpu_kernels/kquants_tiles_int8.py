@@ -23,7 +23,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .features import cpu_features
-from .kquants_simd_int8 import BLOCK_BYTES, _chunk_quants, _superblock_scales
+from .kquants_simd_int8 import BLOCK_BYTES, _block_halves, _chunk_quants, _superblock_scales
 from .simd import call_intrinsic, fma, is_c_array, load_vec, splat
 from .simd_int8 import (
     AVX2,
@@ -329,7 +329,8 @@ def _unpack_codegen(kind: str):
         builder.position_at_end(loop)
         sb = builder.phi(_I64)
         block = builder.gep(row_ptr, [builder.mul(sb, ir.Constant(_I64, block_bytes))])
-        scales, mins, d, dmin = _superblock_scales(builder, kind, block)
+        scales, mins = _superblock_scales(builder, kind, block)
+        d, dmin = _block_halves(builder, kind, block)
         # sum_j sc[j] * sum_i q_ij as eight lanes: each lane's eight quants' sum (vpsadbw) times the
         # scale of its sub-block, added over the chunks, reduced once (Q6_K: minus 32 * run * sum sc)
         v8 = ir.VectorType(_I32, 8)
