@@ -220,9 +220,8 @@ def _vpshufb(builder: ir.IRBuilder, vec: ir.Value, mask: list[int]) -> ir.Value:
     """vpshufb of a 256-bit vector by constant byte indices (each inside its own 128-bit half), as inline
     assembly: LLVM turns the intrinsic with a constant mask back into a generic shuffle and lowers a
     splat of lane j > 0 to a move to lane 0 and a broadcast, two µops on the shuffle ports."""
-    v32 = ir.VectorType(_I8, 32)
-    shuffle = ir.InlineAsm(ir.FunctionType(v32, [v32, v32]), "vpshufb $2, $1, $0", "=x,x,xm")
-    out = builder.call(shuffle, [builder.bitcast(vec, v32), ir.Constant(v32, mask)])
+    shuffle = ir.InlineAsm(ir.FunctionType(_V32I8, [_V32I8, _V32I8]), "vpshufb $2, $1, $0", "=x,x,xm")
+    out = builder.call(shuffle, [builder.bitcast(vec, _V32I8), ir.Constant(_V32I8, mask)])
     return builder.bitcast(out, vec.type)
 
 
@@ -286,7 +285,7 @@ def _avx2_scales(builder: ir.IRBuilder, kind: str, block: ir.Value) -> tuple[lis
     unpacked = builder.or_(low_bits, top_bits)  # bytes sc0..sc7, m0..m7
     both = builder.bitcast(
         builder.shuffle_vector(unpacked, unpacked, ir.Constant(ir.VectorType(_I32, 8), [*range(4)] * 2)),
-        ir.VectorType(_I8, 32),
+        _V32I8,
     )
     splats = [
         builder.bitcast(_vpshufb(builder, both, word_mask([j] * 8, [j] * 8, False)), _V16I16)
@@ -315,7 +314,7 @@ def _avx2_superblock(builder, kind: str, block, rows: int, xq_rows, xb_rows, sb)
                 builder.mul(sb, ir.Constant(_I64, 256)), ir.Constant(_I64, 64 * chunk + 32 * h)
             )
             for r in range(rows):
-                act = load_vec(builder, builder.gep(xq_rows[r], [byte0]), ir.VectorType(_I8, 32))
+                act = load_vec(builder, builder.gep(xq_rows[r], [byte0]), _V32I8)
                 pairs = call_intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [weights, act])
                 sums[r] = builder.add(sums[r], _pmaddwd(builder, pairs, splats[sub]))
     sixteen0 = builder.mul(sb, ir.Constant(_I64, 16))
