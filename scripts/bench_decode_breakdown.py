@@ -7,6 +7,11 @@ Runs greedy (or --temp) generations of --tokens tokens after a warm-up, first pl
 every backend op and engine stage timed (the timers add ~0.3 us per call). Times are per token; an op's
 share is of the timed run's token. Quote it beside the load average: other work on the machine inflates
 the multi-threaded kernels most.
+Then, in the kernel modes, what a step's matrix calls cost beyond their arithmetic: numba's launch of a
+parallel region (an empty prange) against a serial call, and the bytes of the step's weight matrices read
+the step's matrix products back to back (no model code between them), one call per matrix as decode makes
+them, against the same kernels on the same bytes in one call per kind of matrix (the layers' blocks
+joined): what the number of calls costs.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # what `infer` sets (cli/runtime.py)
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
+import numpy as np
+from numba import njit, prange
 from threadpoolctl import threadpool_limits
 
 from infer.cli.model_store import ensure_default_model
@@ -114,6 +121,84 @@ def main() -> None:
         per_call = f"{total / calls * 1e6:8.1f}" if calls else " " * 8
         calls_text = f"{calls / tokens:6.0f}" if calls else " " * 6
         print(f"{name:24} {total / tokens * 1e3:9.3f} {total / tokens / token:6.1%} {calls_text} {per_call}")
+    if args.cpu_kernels != "blas":
+        print_call_costs(engine, args.threads)
+
+
+@njit(cache=True)
+def _serial_call(a: np.ndarray, out: np.ndarray) -> None:
+    out[0] = a[0]
+
+
+@njit(cache=True, parallel=True)
+def _parallel_call(a: np.ndarray, out: np.ndarray) -> None:
+    for t in prange(out.shape[0]):
+        out[t] = a[t]
+
+
+def _best_seconds(fn: Callable[[], object], calls: int, repeats: int = 7) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - started) / calls)
+    return best
+
+
+def print_call_costs(engine: Any, threads: int) -> None:
+    """The launch and per-call figures of the module docstring, on one decode step's matrices."""
+    small, flags = np.ones(64, np.float32), np.empty(threads, np.float32)
+    serial = _best_seconds(lambda: _serial_call(small, flags), 20000)
+    launch = _best_seconds(lambda: _parallel_call(small, flags), 20000)
+    backend = engine.model.backend
+    captured: list[tuple[np.ndarray, Any]] = []
+    linear = backend.linear
+
+    def capture(x: np.ndarray, weight: Any, bias: Any = None) -> np.ndarray:
+        captured.append((np.array(x), weight))
+        return linear(x, weight, bias)
+
+    backend.linear = capture
+    # a 4-token prompt, then one decode step: its calls are the one-row ones
+    engine.generate(Request((1, 2, 3, 4), SamplingParams(temperature=0), max_tokens=2, ignore_eos=True))
+    backend.linear = linear
+    step = [(x, w) for x, w in captured if x.shape[0] == 1 and hasattr(w, "blocks")]
+    if not step:
+        return
+    total = sum(w.blocks.nbytes for _, w in step)
+
+    def per_matrix() -> None:
+        for x, w in step:
+            backend.linear(x, w)
+
+    # the same kernels on the same bytes in one call per kind of matrix: each kind's blocks joined
+    groups: dict[tuple[int, int], list[tuple[np.ndarray, Any]]] = {}
+    for x, w in step:
+        groups.setdefault((id(w.kernels), w.blocks.shape[1]), []).append((x, w))
+    joined = []
+    for members in groups.values():
+        x, first = members[0]
+        blocks = np.concatenate([w.blocks for _, w in members])
+        blocks.setflags(write=False)  # as the model's are (the kernels take read-only blocks)
+        joined.append((x, first.kernels, blocks, np.empty((1, blocks.shape[0]), np.float32)))
+
+    def per_kind() -> None:
+        for x, kernels, blocks, out in joined:
+            kernels.matmul_int8(blocks, *(kernels.quantize or backend._quantize)(x), out)
+
+    each = _best_seconds(per_matrix, 5)
+    grouped = _best_seconds(per_kind, 5)
+    print(
+        f"numba call, {threads} threads: serial {serial * 1e6:.2f} us, empty parallel region "
+        f"{launch * 1e6:.2f} us"
+    )
+    print(
+        f"the step's {len(step)} matrix products ({total / 1e6:.1f} MB) back to back: {each * 1e3:.3f} ms "
+        f"({total / each / 1e9:.1f} GB/s); the same kernels and bytes in {len(joined)} calls (each kind's "
+        f"matrices joined): {grouped * 1e3:.3f} ms ({total / grouped / 1e9:.1f} GB/s)"
+    )
 
 
 if __name__ == "__main__":
