@@ -25,10 +25,15 @@ def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, slot: int, vi
     return out
 
 
-@pytest.mark.parametrize("head_dim", [64, 24])
-def test_rows_match_float64_and_ignore_their_batch(head_dim: int) -> None:
+@pytest.mark.parametrize(
+    ("head_dim", "kv_heads", "heads"), [(64, 2, 6), (24, 2, 6), (80, 1, 18), (256, 1, 4)]
+)
+def test_rows_match_float64_and_ignore_their_batch(head_dim: int, kv_heads: int, heads: int) -> None:
+    """Grouped (head_dim a multiple of 16; 18 heads to a kv head: more than one call's 8, 80 columns:
+    wide calls and a 16-column one) and per-head (24) kernels against float64, and each row's bits
+    alone or anywhere in its batch."""
     rng = np.random.default_rng(head_dim)
-    slots, kv_heads, heads, capacity, batch = 5, 2, 6, 40, 12
+    slots, capacity, batch = 5, 40, 12
     keys = rng.standard_normal((slots, kv_heads, capacity, head_dim)).astype(np.float32)
     values = rng.standard_normal((slots, kv_heads, capacity, head_dim)).astype(np.float32)
     q = rng.standard_normal((batch, heads, head_dim)).astype(np.float32)
@@ -50,6 +55,69 @@ def test_rows_match_float64_and_ignore_their_batch(head_dim: int) -> None:
     moved = np.zeros_like(q)
     row_attention(q[order], keys, values, rows, row_slots[order], visible[order], moved)
     assert (moved == out[order]).all()
+
+
+@pytest.mark.parametrize("element", [np.float32, np.uint16])
+def test_grouped_rows_keep_their_bits_however_heads_and_threads_split(element: type) -> None:
+    """The grouped kernel splits a kv head's query heads into tasks of `part_heads` after the thread
+    count: every split, and 1 or 2 threads, give the same bits (a float32 and a half cache)."""
+    import numba
+
+    from infer.engine.backends.cpu_kernels.attention import _group_row_attention, window_row_attention
+
+    rng = np.random.default_rng(7)
+    slots, kv_heads, heads, head_dim, capacity, batch = 2, 2, 12, 64, 50, 3
+    keys = rng.standard_normal((slots, kv_heads, capacity, head_dim)).astype(np.float32)
+    values = rng.standard_normal((slots, kv_heads, capacity, head_dim)).astype(np.float32)
+    if element is np.uint16:  # half bits, as a `kv_cache_dtype: f16` cache holds them
+        keys, values = keys.astype(np.float16).view(np.uint16), values.astype(np.float16).view(np.uint16)
+    q = rng.standard_normal((batch, heads, head_dim)).astype(np.float32)
+    rows = np.arange(batch, dtype=np.int64)
+    row_slots = np.asarray([0, 1, 1], dtype=np.int64)
+    first, visible = np.asarray([0, 0, 9], dtype=np.int64), np.asarray([1, 37, 50], dtype=np.int64)
+    outs = []
+    for part_heads in (1, 2, 4, 6):
+        out = np.full_like(q, np.nan)
+        _group_row_attention(q, keys, values, rows, row_slots, first, visible, out, 0.0, part_heads)
+        outs.append(out)
+    before = numba.get_num_threads()
+    for threads in {1, min(2, numba.config.NUMBA_NUM_THREADS)}:
+        numba.set_num_threads(threads)
+        try:
+            out = np.full_like(q, np.nan)
+            window_row_attention(q, keys, values, rows, row_slots, first, visible, out)
+            outs.append(out)
+        finally:
+            numba.set_num_threads(before)
+    assert not np.isnan(outs[0]).any()
+    for out in outs[1:]:
+        assert (out.view(np.uint32) == outs[0].view(np.uint32)).all()
+
+
+def test_head_scores_give_a_position_the_same_bits_in_any_block_or_head_count() -> None:
+    """A score's arithmetic is fixed: the same key row scored at any place in a block of SCORE_LANES
+    positions, with any count, beside other heads or alone, gives the same bits; float64 agrees."""
+    from numba import njit
+
+    from infer.engine.backends.cpu_kernels.attention import SCORE_LANES, head_scores
+
+    @njit
+    def scores(queries, keys, first, count):
+        out = np.empty((queries.shape[0], count + SCORE_LANES), np.float32)
+        head_scores(queries, keys, first, count, out)
+        return out[:, :count]
+
+    rng = np.random.default_rng(3)
+    keys = rng.standard_normal((41, 48)).astype(np.float32)
+    queries = rng.standard_normal((3, 48)).astype(np.float32)
+    full = scores(queries, keys, 0, 41)
+    np.testing.assert_allclose(
+        full, queries.astype(np.float64) @ keys.T.astype(np.float64), rtol=1e-5, atol=1e-5
+    )
+    for shift in range(1, SCORE_LANES + 2):
+        assert (scores(queries, keys, shift, 41 - shift) == full[:, shift:]).all()
+    for head in range(3):
+        assert (scores(queries[head : head + 1], keys, 0, 41)[0] == full[head]).all()
 
 
 def _cache(rng: np.random.Generator, slots: int, capacity: int) -> KVCache:

@@ -1,13 +1,18 @@
 """Attention of single rows against their own sequence's cache, one row at a time, in a fixed order.
 
-A row's result depends only on its query, its slot and how many positions it sees: each score is one
-compiled dot-product loop over the head (its summation order fixed by the head width alone), the softmax
-and the weighted sum of values walk the positions in order. So a decode row, a row verifying drafts and
-the same row recomputed alone give the same bits whatever else is in the batch (batched BLAS over padded
-widths cannot promise that: its blocking, and so its summation order, follows the batch's shape).
+A row's result depends only on its query, its slot and how many positions it sees: each score is a dot
+product in an order fixed by the head width alone, the softmax and the weighted sum of values walk the
+positions in order. So a decode row, a row verifying drafts and the same row recomputed alone give the
+same bits whatever else is in the batch (batched BLAS over padded widths cannot promise that: its
+blocking, and so its summation order, follows the batch's shape).
 
-The weighted sum of values is an LLVM intrinsic (`weighted_rows_64/16`) that keeps the sums in vector
-registers through the position loop, with the plain loop's arithmetic (mul, then add, per position).
+With a head width that is a multiple of 16 (every model family's) a task takes a row's query heads that
+share one kv head (grouped-query attention): `head_scores` scores 8 positions at a time for each of
+them while that block of keys is in L1, its order written out (8 fma lanes, then a fixed tree) and so
+the same on every instruction set, and `weighted_heads_*` loads each value row once for all of them.
+Other widths take a query head a task, each score a compiled loop (`_dot`) whose vectorisation LLVM
+picks. The weighted sums of values are LLVM intrinsics that keep the sums in vector registers through
+the position loop, with the plain loop's arithmetic (mul, then add, per position).
 
 The cache may hold float32 or IEEE halves (as uint16 bits, `kv_cache_dtype: f16`): every element is
 widened to float32 as it is loaded (kv_storage.py), so the arithmetic and its order are the same for
@@ -24,11 +29,12 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kv_storage import KV_ELEMENT_TYPES, element_pointer_type, kv_load, load_kv_vector
 from .rowops import exp_f32
-from .simd import exit_values, is_c_array, splat
+from .simd import exit_values, fma, is_c_array, splat, sum_float_lanes_of
 
 _F32 = ir.FloatType()
 _I64 = ir.IntType(64)
@@ -109,6 +115,211 @@ weighted_rows_64 = _weighted_rows(4)
 weighted_rows_16 = _weighted_rows(1)
 
 
+SCORE_LANES = 8
+"""Positions scored at once by `head_scores`, and the partial sums of each score."""
+
+HEADS_PER_CALL = 8
+"""Query heads whose weighted sums of values one `weighted_heads_*` call keeps in registers."""
+
+
+def _head_scores_codegen(context, builder, signature, args):
+    queries = context.make_array(signature.args[0])(context, builder, args[0])
+    element = signature.args[1].dtype
+    keys = context.make_array(signature.args[1])(context, builder, args[1])
+    out = context.make_array(signature.args[4])(context, builder, args[4])
+    first, count = args[2], args[3]
+    lanes = SCORE_LANES
+    vty = ir.VectorType(_F32, lanes)
+    heads = builder.extract_value(queries.shape, 0)
+    head_dim = builder.extract_value(keys.shape, 1)
+    stride = builder.extract_value(out.shape, 1)
+    chunks = builder.udiv(head_dim, ir.Constant(_I64, lanes))
+    blocks = builder.udiv(builder.add(count, ir.Constant(_I64, lanes - 1)), ir.Constant(_I64, lanes))
+    query_ptr = builder.bitcast(queries.data, _F32.as_pointer())
+    key_ptr = builder.bitcast(keys.data, element_pointer_type(element))
+    out_ptr = builder.bitcast(out.data, _F32.as_pointer())
+    last = builder.sub(count, ir.Constant(_I64, 1))
+    accs = [cgutils.alloca_once(builder, vty) for _ in range(lanes)]
+    with cgutils.for_range(builder, blocks) as block:
+        p0 = builder.mul(block.index, ir.Constant(_I64, lanes))
+        rows = []
+        for k in range(lanes):  # past the last position, the last row again (its score is not used)
+            p = builder.add(p0, ir.Constant(_I64, k))
+            p = builder.select(builder.icmp_signed(">", p, last), last, p)
+            rows.append(builder.gep(key_ptr, [builder.mul(builder.add(first, p), head_dim)]))
+        with cgutils.for_range(builder, heads) as head:  # the block's keys stay in L1 for every head
+            query_row = builder.gep(query_ptr, [builder.mul(head.index, head_dim)])
+            for acc in accs:
+                builder.store(ir.Constant(vty, None), acc)
+            with cgutils.for_range(builder, chunks) as chunk:
+                column = builder.mul(chunk.index, ir.Constant(_I64, lanes))
+                q = builder.load(builder.bitcast(builder.gep(query_row, [column]), vty.as_pointer()), align=4)
+                for row, acc in zip(rows, accs, strict=True):
+                    key = load_kv_vector(builder, builder.gep(row, [column]), element, lanes)
+                    builder.store(fma(builder, q, key, builder.load(acc)), acc)
+            scores = sum_float_lanes_of(builder, [builder.load(acc) for acc in accs])
+            target = builder.gep(out_ptr, [builder.add(builder.mul(head.index, stride), p0)])
+            builder.store(scores, builder.bitcast(target, vty.as_pointer()), align=4)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def head_scores(typingctx, queries, keys, first, count, out):
+    """(queries float32 [heads, head_dim], keys [positions, head_dim] (float32 or half bits), first,
+    count, out float32 [heads, >= count rounded up to SCORE_LANES]): out[h, p] = queries[h] . keys[first
+    + p] for p < count (out[h, count:] is scratch), head_dim a multiple of SCORE_LANES. A score is
+    SCORE_LANES partial sums, lane i adding the products of columns i, i + 8, ... by fma in column order,
+    then `sum_float_lanes_of`'s tree: one order for every score, whatever its block, head count or
+    instruction set. SCORE_LANES positions go at once (their fma chains independent, their reductions
+    one transposing tree), and each block of keys serves every head of the group while in L1."""
+    if not (
+        is_c_array(queries, types.float32, 2)
+        and any(is_c_array(keys, element, 2) for element in KV_ELEMENT_TYPES)
+        and isinstance(first, types.Integer)
+        and isinstance(count, types.Integer)
+        and is_c_array(out, types.float32, 2)
+    ):
+        return None
+    return types.void(queries, keys, types.int64, types.int64, out), _head_scores_codegen
+
+
+def _weighted_heads_codegen(heads: int, vectors: int):
+    """IR for out[h0 + h, col : col + 16 * vectors] = sum over p of weights[h0 + h, p] * values[p, col :
+    col + 16 * vectors] for h < heads, positions in order, mul then add (for each head the bits of
+    `weighted_rows_16` / `_64`): each value row is loaded once for every head, and every sum stays in
+    a register through the position loop."""
+
+    def codegen(context, builder, signature, args):
+        weights = context.make_array(signature.args[0])(context, builder, args[0])
+        element = signature.args[2].dtype
+        values = context.make_array(signature.args[2])(context, builder, args[2])
+        out = context.make_array(signature.args[4])(context, builder, args[4])
+        h0, col = args[1], args[3]
+        count = builder.extract_value(values.shape, 0)
+        width = builder.extract_value(values.shape, 1)
+        stride = builder.extract_value(weights.shape, 1)
+        weight_rows = [
+            builder.gep(
+                builder.bitcast(weights.data, _F32.as_pointer()),
+                [builder.mul(builder.add(h0, ir.Constant(_I64, h)), stride)],
+            )
+            for h in range(heads)
+        ]
+        value_ptr = builder.gep(builder.bitcast(values.data, element_pointer_type(element)), [col])
+        out_ptr = builder.bitcast(out.data, _F32.as_pointer())
+        out_width = builder.extract_value(out.shape, 1)
+        zero = ir.Constant(_V16F, None)
+        entry = builder.block
+        loop = builder.append_basic_block("positions")
+        done = builder.append_basic_block("store")
+        builder.cbranch(builder.icmp_signed(">", count, ir.Constant(_I64, 0)), loop, done)
+        builder.position_at_end(loop)
+        p = builder.phi(_I64)
+        sums = [[builder.phi(_V16F) for _ in range(vectors)] for _ in range(heads)]
+        row = builder.gep(value_ptr, [builder.mul(p, width)])
+        loaded = [
+            load_kv_vector(builder, builder.gep(row, [ir.Constant(_I64, 16 * c)]), element)
+            for c in range(vectors)
+        ]
+        updated = []
+        for w, head_sums in zip(weight_rows, sums, strict=True):
+            weight = splat(builder, builder.load(builder.gep(w, [p])))
+            updated.append(
+                [builder.fadd(acc, builder.fmul(weight, v)) for acc, v in zip(head_sums, loaded, strict=True)]
+            )
+        following = builder.add(p, ir.Constant(_I64, 1))
+        p.add_incoming(ir.Constant(_I64, 0), entry)
+        p.add_incoming(following, loop)
+        for head_sums, head_updated in zip(sums, updated, strict=True):
+            for acc, value in zip(head_sums, head_updated, strict=True):
+                acc.add_incoming(zero, entry)
+                acc.add_incoming(value, loop)
+        builder.cbranch(builder.icmp_signed("<", following, count), loop, done)
+        builder.position_at_end(done)
+        flat = [value for head_updated in updated for value in head_updated]
+        finals = exit_values(builder, flat, entry, loop)
+        for h in range(heads):
+            start = builder.add(builder.mul(builder.add(h0, ir.Constant(_I64, h)), out_width), col)
+            for c in range(vectors):
+                target = builder.gep(out_ptr, [builder.add(start, ir.Constant(_I64, 16 * c))])
+                builder.store(finals[h * vectors + c], builder.bitcast(target, _V16F.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _weighted_heads(heads: int, vectors: int):
+    def typer(typingctx, weights, h0, values, col, out):
+        if not (
+            is_c_array(weights, types.float32, 2)
+            and isinstance(h0, types.Integer)
+            and any(is_c_array(values, element, 2) for element in KV_ELEMENT_TYPES)
+            and isinstance(col, types.Integer)
+            and is_c_array(out, types.float32, 2)
+        ):
+            return None
+        sig = types.void(weights, types.int64, values, types.int64, out)
+        return sig, _weighted_heads_codegen(heads, vectors)
+
+    typer.__name__ = f"weighted_heads_{heads}x{16 * vectors}"
+    typer.__doc__ = f"""(weights float32 [heads, >= count], h0, values [count, width] (float32 or half
+    bits), col, out float32 [heads, width]): out[h0 + h, col : col + {16 * vectors}] = weights[h0 + h,
+    :count] @ values[:, col : col + {16 * vectors}] for h < {heads}, positions in order."""
+    return intrinsic(typer)
+
+
+# one to three heads take 64 / 32 / 32 columns a call: their sums fill 8 / 8 / 12 of AVX2's 16 registers
+# (a 16-float vector is two); four and more take 16
+weighted_heads_1x64 = _weighted_heads(1, 4)
+weighted_heads_2x32 = _weighted_heads(2, 2)
+weighted_heads_3x32 = _weighted_heads(3, 2)
+(
+    weighted_heads_1x16,
+    weighted_heads_2x16,
+    weighted_heads_3x16,
+    weighted_heads_4x16,
+    weighted_heads_5x16,
+    weighted_heads_6x16,
+    weighted_heads_7x16,
+    weighted_heads_8x16,
+) = (_weighted_heads(h, 1) for h in range(1, HEADS_PER_CALL + 1))
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _weighted_values(weights, g0, taken, head_values, target):
+    """target[g0 + h] = weights[g0 + h, :count] @ head_values for h < taken (1 to HEADS_PER_CALL): the
+    widest `weighted_heads_*` call for the heads first, then 16 columns at a time."""
+    head_dim = head_values.shape[1]
+    wide = 64 if taken == 1 else 32 if taken <= 3 else 16
+    j = 0
+    while wide > 16 and j + wide <= head_dim:
+        if taken == 1:
+            weighted_heads_1x64(weights, g0, head_values, j, target)
+        elif taken == 2:
+            weighted_heads_2x32(weights, g0, head_values, j, target)
+        else:
+            weighted_heads_3x32(weights, g0, head_values, j, target)
+        j += wide
+    while j < head_dim:
+        if taken == 8:
+            weighted_heads_8x16(weights, g0, head_values, j, target)
+        elif taken == 7:
+            weighted_heads_7x16(weights, g0, head_values, j, target)
+        elif taken == 6:
+            weighted_heads_6x16(weights, g0, head_values, j, target)
+        elif taken == 5:
+            weighted_heads_5x16(weights, g0, head_values, j, target)
+        elif taken == 4:
+            weighted_heads_4x16(weights, g0, head_values, j, target)
+        elif taken == 3:
+            weighted_heads_3x16(weights, g0, head_values, j, target)
+        elif taken == 2:
+            weighted_heads_2x16(weights, g0, head_values, j, target)
+        else:
+            weighted_heads_1x16(weights, g0, head_values, j, target)
+        j += 16
+
+
 @numba.njit(cache=True, fastmath={"reassoc", "contract"})
 def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:
     """sum(a * b) over one head. LLVM may reassociate (vector lanes, unrolled chains) and fuse: the
@@ -135,8 +346,6 @@ def row_attention(
     window_row_attention(q, keys, values, rows, slots, np.zeros_like(visible), visible, out, softcap)
 
 
-# error_model="numpy": no zero check on float division (it would keep LLVM from vectorising).
-@numba.njit(cache=True, parallel=True, error_model="numpy")
 def window_row_attention(
     q: np.ndarray,
     keys: np.ndarray,
@@ -155,10 +364,79 @@ def window_row_attention(
     q, out: float32 [batch_rows, heads, head_dim]; keys, values: [slots, kv_heads, capacity, head_dim],
     float32 or half bits (uint16);
     rows, slots, first, visible: int64 [m]. Heads share kv heads in groups (grouped-query attention). Scores
-    are not scaled here (the scale is folded into q). Parallel over (row, head): one task computes a
-    whole row-head, so the thread count never changes a result (and a single decode row still has
-    as many tasks as heads to share among the threads).
+    are not scaled here (the scale is folded into q). Parallel over tasks that each compute whole rows
+    of heads, so the thread count never changes a result.
+
+    head_dim a multiple of 16 (every model family's): a task is a (row, kv head), its group of query
+    heads scored against each block of keys while it is in L1 (`head_scores`) and each value row
+    loaded once for all of them (`weighted_heads_*`), where one task a query head read every key and
+    value once per head of the group (4 times on Llama 3's shapes). Other widths: a task a (row, head),
+    each score `_dot`.
     """
+    if q.shape[2] % 16 != 0:
+        _head_row_attention(q, keys, values, rows, slots, first, visible, out, softcap)
+        return
+    # a kv head's group split in parts when there are fewer than two tasks a thread (a decode row of
+    # 3 or 1 kv heads on 2 threads), each part reading the keys and values again; which task computes a
+    # head never changes its arithmetic, so the split may follow the thread count
+    group, pairs = q.shape[1] // keys.shape[1], rows.shape[0] * keys.shape[1]
+    parts = min(group, max(1, -(-2 * numba.get_num_threads() // max(pairs, 1))))
+    part_heads = -(-group // parts)
+    _group_row_attention(q, keys, values, rows, slots, first, visible, out, softcap, part_heads)
+
+
+# error_model="numpy": no zero check on float division (it would keep LLVM from vectorising).
+@numba.njit(cache=True, parallel=True, error_model="numpy")
+def _group_row_attention(q, keys, values, rows, slots, first, visible, out, softcap, part_heads):
+    """`window_row_attention` for head_dim a multiple of 16, a task `part_heads` query heads of one
+    row and kv head."""
+    heads = q.shape[1]
+    head_dim = q.shape[2]
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    cap = np.float32(softcap)
+    parts = (group + part_heads - 1) // part_heads
+    for task in numba.prange(rows.shape[0] * kv_heads * parts):
+        i = task // (kv_heads * parts)
+        kv = task // parts % kv_heads
+        part = task % parts
+        row, slot, f, n = rows[i], slots[i], first[i], visible[i]
+        count = n - f
+        h0 = kv * group + part * part_heads
+        group_heads = min(part_heads, (kv + 1) * group - h0)
+        stride = (count + SCORE_LANES - 1) // SCORE_LANES * SCORE_LANES
+        weights = np.empty((group_heads, stride), dtype=np.float32)
+        head_scores(q[row, h0 : h0 + group_heads], keys[slot, kv], f, count, weights)
+        totals = np.empty(group_heads, dtype=np.float32)
+        for g in range(group_heads):
+            w = weights[g]
+            top = np.float32(-np.inf)
+            for p in range(count):
+                score = w[p]
+                if cap > 0:
+                    score = cap * np.tanh(score / cap)
+                    w[p] = score
+                if score > top:
+                    top = score
+            for p in range(count):  # vectorised: no sum in this loop
+                w[p] = exp_f32(w[p] - top)
+            total = np.float32(0.0)
+            for p in range(count):
+                total += w[p]
+            totals[g] = total
+        head_values = values[slot, kv, f:n]
+        target = out[row, h0 : h0 + group_heads]
+        for g0 in range(0, group_heads, HEADS_PER_CALL):
+            _weighted_values(weights, g0, min(HEADS_PER_CALL, group_heads - g0), head_values, target)
+        for g in range(group_heads):
+            inverse = np.float32(1.0) / totals[g]
+            for j in range(head_dim):
+                target[g, j] *= inverse
+
+
+# error_model="numpy": no zero check on float division (it would keep LLVM from vectorising).
+@numba.njit(cache=True, parallel=True, error_model="numpy")
+def _head_row_attention(q, keys, values, rows, slots, first, visible, out, softcap):
     heads = q.shape[1]
     head_dim = q.shape[2]
     kv_heads = keys.shape[1]

@@ -20,6 +20,8 @@ editing this file, touch legacy.py (or clear its __pycache__) so the kernels are
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
@@ -124,6 +126,19 @@ def sum_int_lanes_of(builder: ir.IRBuilder, vecs: list[ir.Value]) -> ir.Value:
     does not overflow). The vectors are added pairwise while they are folded, a transposing tree: k
     vectors of N lanes cost about 3k shuffles and adds, where reducing each alone costs k * 3 log2 N.
     len(vecs) is padded with zero vectors to a power of two, at most N."""
+    return _transposed_sums(builder, vecs, builder.add)
+
+
+def sum_float_lanes_of(builder: ir.IRBuilder, vecs: list[ir.Value]) -> ir.Value:
+    """`sum_int_lanes_of` for float vectors: lane i is the sum of the lanes of vecs[i], in the same
+    order for every i (8 lanes: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))), whatever the other
+    vectors hold: the tree only ever adds lanes of one vector, never a padding zero to a lane."""
+    return _transposed_sums(builder, vecs, builder.fadd)
+
+
+def _transposed_sums(
+    builder: ir.IRBuilder, vecs: list[ir.Value], add: Callable[[ir.Value, ir.Value], ir.Value]
+) -> ir.Value:
     vty = vecs[0].type
     width = vty.count
     idx = ir.IntType(32)
@@ -142,7 +157,7 @@ def sum_int_lanes_of(builder: ir.IRBuilder, vecs: list[ir.Value]) -> ir.Value:
         lo_ty = ir.Constant(ir.VectorType(idx, width), lows + [i + width for i in lows])
         hi_ty = ir.Constant(ir.VectorType(idx, width), highs + [i + width for i in highs])
         vecs = [
-            builder.add(builder.shuffle_vector(a, b, lo_ty), builder.shuffle_vector(a, b, hi_ty))
+            add(builder.shuffle_vector(a, b, lo_ty), builder.shuffle_vector(a, b, hi_ty))
             for a, b in zip(vecs[0::2], vecs[1::2], strict=True)
         ]
         lanes = half
@@ -155,7 +170,7 @@ def sum_int_lanes_of(builder: ir.IRBuilder, vecs: list[ir.Value]) -> ir.Value:
         size = len(lo_idx)
         lo = builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(idx, size), lo_idx))
         hi = builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(idx, size), hi_idx))
-        vec = builder.add(lo, hi)
+        vec = add(lo, hi)
         lanes = half
     return vec
 
