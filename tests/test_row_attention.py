@@ -29,9 +29,8 @@ def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, slot: int, vi
     ("head_dim", "kv_heads", "heads"), [(64, 2, 6), (24, 2, 6), (80, 1, 18), (256, 1, 4)]
 )
 def test_rows_match_float64_and_ignore_their_batch(head_dim: int, kv_heads: int, heads: int) -> None:
-    """Grouped (head_dim a multiple of 16; 18 heads to a kv head: more than one call's 8, 80 columns:
-    wide calls and a 16-column one) and per-head (24) kernels against float64, and each row's bits
-    alone or anywhere in its batch."""
+    """The grouped kernel (head_dim a multiple of 16; up to 18 query heads to a kv head) and the
+    per-head one (24) against float64, and each row's bits alone or anywhere in its batch."""
     rng = np.random.default_rng(head_dim)
     slots, capacity, batch = 5, 40, 12
     keys = rng.standard_normal((slots, kv_heads, capacity, head_dim)).astype(np.float32)

@@ -9,7 +9,7 @@ blocking, and so its summation order, follows the batch's shape).
 With a head width that is a multiple of 16 (every model family's) a task takes a row's query heads that
 share one kv head (grouped-query attention): `head_scores` scores 8 positions at a time for each of
 them while that block of keys is in L1, its order written out (8 fma lanes, then a fixed tree) and so
-the same on every instruction set, and `weighted_heads_*` loads each value row once for all of them.
+the same on every instruction set, and `weighted_blocks` reads each value row once for all of them.
 Other widths take a query head a task, each score a compiled loop (`_dot`) whose vectorisation LLVM
 picks. The weighted sums of values are LLVM intrinsics that keep the sums in vector registers through
 the position loop, with the plain loop's arithmetic (mul, then add, per position).
@@ -118,9 +118,6 @@ weighted_rows_16 = _weighted_rows(1)
 SCORE_LANES = 8
 """Positions scored at once by `head_scores`, and the partial sums of each score."""
 
-HEADS_PER_CALL = 8
-"""Query heads whose weighted sums of values one `weighted_heads_*` call keeps in registers."""
-
 
 def _head_scores_codegen(context, builder, signature, args):
     queries = context.make_array(signature.args[0])(context, builder, args[0])
@@ -183,141 +180,87 @@ def head_scores(typingctx, queries, keys, first, count, out):
     return types.void(queries, keys, types.int64, types.int64, out), _head_scores_codegen
 
 
-def _weighted_heads_codegen(heads: int, vectors: int):
-    """IR for out[h0 + h, col : col + 16 * vectors] = sum over p of weights[h0 + h, p] * values[p, col :
-    col + 16 * vectors] for h < heads, positions in order, mul then add (for each head the bits of
-    `weighted_rows_16` / `_64`): each value row is loaded once for every head, and every sum stays in
-    a register through the position loop."""
+def _weighted_blocks_codegen(context, builder, signature, args):
+    weights = context.make_array(signature.args[0])(context, builder, args[0])
+    element = signature.args[3].dtype
+    values = context.make_array(signature.args[3])(context, builder, args[3])
+    out = context.make_array(signature.args[4])(context, builder, args[4])
+    h0, heads = args[1], args[2]
+    lanes = SCORE_LANES
+    count = builder.extract_value(values.shape, 0)
+    width = builder.extract_value(values.shape, 1)
+    stride = builder.extract_value(weights.shape, 1)
+    out_width = builder.extract_value(out.shape, 1)
+    chunks = builder.udiv(width, ir.Constant(_I64, 16))
+    weight_ptr = builder.bitcast(weights.data, _F32.as_pointer())
+    value_ptr = builder.bitcast(values.data, element_pointer_type(element))
+    out_ptr = builder.bitcast(out.data, _F32.as_pointer())
+    full = builder.udiv(count, ir.Constant(_I64, lanes))
+    tail = builder.urem(count, ir.Constant(_I64, lanes))
 
-    def codegen(context, builder, signature, args):
-        weights = context.make_array(signature.args[0])(context, builder, args[0])
-        element = signature.args[2].dtype
-        values = context.make_array(signature.args[2])(context, builder, args[2])
-        out = context.make_array(signature.args[4])(context, builder, args[4])
-        h0, col = args[1], args[3]
-        count = builder.extract_value(values.shape, 0)
-        width = builder.extract_value(values.shape, 1)
-        stride = builder.extract_value(weights.shape, 1)
-        weight_rows = [
-            builder.gep(
-                builder.bitcast(weights.data, _F32.as_pointer()),
-                [builder.mul(builder.add(h0, ir.Constant(_I64, h)), stride)],
-            )
-            for h in range(heads)
-        ]
-        value_ptr = builder.gep(builder.bitcast(values.data, element_pointer_type(element)), [col])
-        out_ptr = builder.bitcast(out.data, _F32.as_pointer())
-        out_width = builder.extract_value(out.shape, 1)
-        zero = ir.Constant(_V16F, None)
-        entry = builder.block
-        loop = builder.append_basic_block("positions")
-        done = builder.append_basic_block("store")
-        builder.cbranch(builder.icmp_signed(">", count, ir.Constant(_I64, 0)), loop, done)
-        builder.position_at_end(loop)
-        p = builder.phi(_I64)
-        sums = [[builder.phi(_V16F) for _ in range(vectors)] for _ in range(heads)]
-        row = builder.gep(value_ptr, [builder.mul(p, width)])
-        loaded = [
-            load_kv_vector(builder, builder.gep(row, [ir.Constant(_I64, 16 * c)]), element)
-            for c in range(vectors)
-        ]
-        updated = []
-        for w, head_sums in zip(weight_rows, sums, strict=True):
-            weight = splat(builder, builder.load(builder.gep(w, [p])))
-            updated.append(
-                [builder.fadd(acc, builder.fmul(weight, v)) for acc, v in zip(head_sums, loaded, strict=True)]
-            )
-        following = builder.add(p, ir.Constant(_I64, 1))
-        p.add_incoming(ir.Constant(_I64, 0), entry)
-        p.add_incoming(following, loop)
-        for head_sums, head_updated in zip(sums, updated, strict=True):
-            for acc, value in zip(head_sums, head_updated, strict=True):
-                acc.add_incoming(zero, entry)
-                acc.add_incoming(value, loop)
-        builder.cbranch(builder.icmp_signed("<", following, count), loop, done)
-        builder.position_at_end(done)
-        flat = [value for head_updated in updated for value in head_updated]
-        finals = exit_values(builder, flat, entry, loop)
-        for h in range(heads):
-            start = builder.add(builder.mul(builder.add(h0, ir.Constant(_I64, h)), out_width), col)
-            for c in range(vectors):
-                target = builder.gep(out_ptr, [builder.add(start, ir.Constant(_I64, 16 * c))])
-                builder.store(finals[h * vectors + c], builder.bitcast(target, _V16F.as_pointer()), align=4)
-        return context.get_dummy_value()
+    def sums(head, chunk):
+        row = builder.mul(builder.add(h0, head), out_width)
+        start = builder.add(row, builder.mul(chunk, ir.Constant(_I64, 16)))
+        return builder.bitcast(builder.gep(out_ptr, [start]), _V16F.as_pointer())
 
-    return codegen
+    def value(position, chunk):
+        at = builder.add(builder.mul(position, width), builder.mul(chunk, ir.Constant(_I64, 16)))
+        return load_kv_vector(builder, builder.gep(value_ptr, [at]), element)
+
+    def weight_row(head):
+        return builder.gep(weight_ptr, [builder.mul(builder.add(h0, head), stride)])
+
+    with cgutils.for_range(builder, builder.mul(heads, chunks)) as zeroing:
+        head = builder.udiv(zeroing.index, chunks)
+        builder.store(ir.Constant(_V16F, None), sums(head, builder.urem(zeroing.index, chunks)), align=4)
+    with cgutils.for_range(builder, full) as block:  # 8 positions whose value rows stay in L1
+        p0 = builder.mul(block.index, ir.Constant(_I64, lanes))
+        with cgutils.for_range(builder, heads) as head:
+            w = weight_row(head.index)
+            splats = [
+                splat(builder, builder.load(builder.gep(w, [builder.add(p0, ir.Constant(_I64, k))])))
+                for k in range(lanes)
+            ]
+            with cgutils.for_range(builder, chunks) as chunk:
+                target = sums(head.index, chunk.index)
+                acc = builder.load(target, align=4)
+                for k in range(lanes):
+                    v = value(builder.add(p0, ir.Constant(_I64, k)), chunk.index)
+                    acc = builder.fadd(acc, builder.fmul(splats[k], v))
+                builder.store(acc, target, align=4)
+    p0 = builder.mul(full, ir.Constant(_I64, lanes))
+    with cgutils.for_range(builder, heads) as head:  # the last count % 8 positions
+        w = weight_row(head.index)
+        with cgutils.for_range(builder, chunks) as chunk:
+            target = sums(head.index, chunk.index)
+            with cgutils.for_range(builder, tail) as k:
+                position = builder.add(p0, k.index)
+                weight = splat(builder, builder.load(builder.gep(w, [position])))
+                acc = builder.load(target, align=4)
+                sum_ = builder.fadd(acc, builder.fmul(weight, value(position, chunk.index)))
+                builder.store(sum_, target, align=4)
+    return context.get_dummy_value()
 
 
-def _weighted_heads(heads: int, vectors: int):
-    def typer(typingctx, weights, h0, values, col, out):
-        if not (
-            is_c_array(weights, types.float32, 2)
-            and isinstance(h0, types.Integer)
-            and any(is_c_array(values, element, 2) for element in KV_ELEMENT_TYPES)
-            and isinstance(col, types.Integer)
-            and is_c_array(out, types.float32, 2)
-        ):
-            return None
-        sig = types.void(weights, types.int64, values, types.int64, out)
-        return sig, _weighted_heads_codegen(heads, vectors)
-
-    typer.__name__ = f"weighted_heads_{heads}x{16 * vectors}"
-    typer.__doc__ = f"""(weights float32 [heads, >= count], h0, values [count, width] (float32 or half
-    bits), col, out float32 [heads, width]): out[h0 + h, col : col + {16 * vectors}] = weights[h0 + h,
-    :count] @ values[:, col : col + {16 * vectors}] for h < {heads}, positions in order."""
-    return intrinsic(typer)
-
-
-# one to three heads take 64 / 32 / 32 columns a call: their sums fill 8 / 8 / 12 of AVX2's 16 registers
-# (a 16-float vector is two); four and more take 16
-weighted_heads_1x64 = _weighted_heads(1, 4)
-weighted_heads_2x32 = _weighted_heads(2, 2)
-weighted_heads_3x32 = _weighted_heads(3, 2)
-(
-    weighted_heads_1x16,
-    weighted_heads_2x16,
-    weighted_heads_3x16,
-    weighted_heads_4x16,
-    weighted_heads_5x16,
-    weighted_heads_6x16,
-    weighted_heads_7x16,
-    weighted_heads_8x16,
-) = (_weighted_heads(h, 1) for h in range(1, HEADS_PER_CALL + 1))
-
-
-@numba.njit(cache=True, error_model="numpy")
-def _weighted_values(weights, g0, taken, head_values, target):
-    """target[g0 + h] = weights[g0 + h, :count] @ head_values for h < taken (1 to HEADS_PER_CALL): the
-    widest `weighted_heads_*` call for the heads first, then 16 columns at a time."""
-    head_dim = head_values.shape[1]
-    wide = 64 if taken == 1 else 32 if taken <= 3 else 16
-    j = 0
-    while wide > 16 and j + wide <= head_dim:
-        if taken == 1:
-            weighted_heads_1x64(weights, g0, head_values, j, target)
-        elif taken == 2:
-            weighted_heads_2x32(weights, g0, head_values, j, target)
-        else:
-            weighted_heads_3x32(weights, g0, head_values, j, target)
-        j += wide
-    while j < head_dim:
-        if taken == 8:
-            weighted_heads_8x16(weights, g0, head_values, j, target)
-        elif taken == 7:
-            weighted_heads_7x16(weights, g0, head_values, j, target)
-        elif taken == 6:
-            weighted_heads_6x16(weights, g0, head_values, j, target)
-        elif taken == 5:
-            weighted_heads_5x16(weights, g0, head_values, j, target)
-        elif taken == 4:
-            weighted_heads_4x16(weights, g0, head_values, j, target)
-        elif taken == 3:
-            weighted_heads_3x16(weights, g0, head_values, j, target)
-        elif taken == 2:
-            weighted_heads_2x16(weights, g0, head_values, j, target)
-        else:
-            weighted_heads_1x16(weights, g0, head_values, j, target)
-        j += 16
+@intrinsic
+def weighted_blocks(typingctx, weights, h0, heads, values, out):
+    """(weights float32 [>= h0 + heads, >= count], h0, heads, values [count, width] (float32 or half
+    bits), out float32 [>= h0 + heads, width]): out[h0 + h] = weights[h0 + h, :count] @ values for h <
+    heads, width a multiple of 16; each column's sum over the positions in order, mul then add (the bits
+    of `weighted_rows_*` for each head). The value rows are read once, in order: 8 at a time, while
+    they are in L1, for every head and 16 columns, the sums kept in `out` between blocks (where one
+    pass per 16 columns over every row, strided, read a long context's values from memory at a
+    quarter of the speed)."""
+    if not (
+        is_c_array(weights, types.float32, 2)
+        and isinstance(h0, types.Integer)
+        and isinstance(heads, types.Integer)
+        and any(is_c_array(values, element, 2) for element in KV_ELEMENT_TYPES)
+        and is_c_array(out, types.float32, 2)
+    ):
+        return None
+    sig = types.void(weights, types.int64, types.int64, values, out)
+    return sig, _weighted_blocks_codegen
 
 
 @numba.njit(cache=True, fastmath={"reassoc", "contract"})
@@ -369,7 +312,7 @@ def window_row_attention(
 
     head_dim a multiple of 16 (every model family's): a task is a (row, kv head), its group of query
     heads scored against each block of keys while it is in L1 (`head_scores`) and each value row
-    loaded once for all of them (`weighted_heads_*`), where one task a query head read every key and
+    read once for all of them (`weighted_blocks`), where one task a query head read every key and
     value once per head of the group (4 times on Llama 3's shapes). Other widths: a task a (row, head),
     each score `_dot`.
     """
@@ -426,8 +369,7 @@ def _group_row_attention(q, keys, values, rows, slots, first, visible, out, soft
             totals[g] = total
         head_values = values[slot, kv, f:n]
         target = out[row, h0 : h0 + group_heads]
-        for g0 in range(0, group_heads, HEADS_PER_CALL):
-            _weighted_values(weights, g0, min(HEADS_PER_CALL, group_heads - g0), head_values, target)
+        weighted_blocks(weights, 0, group_heads, head_values, target)
         for g in range(group_heads):
             inverse = np.float32(1.0) / totals[g]
             for j in range(head_dim):
