@@ -58,14 +58,16 @@ def test_rows_match_float64_and_ignore_their_batch(head_dim: int, kv_heads: int,
 
 @pytest.mark.parametrize("element", [np.float32, np.uint16])
 def test_grouped_rows_keep_their_bits_however_heads_and_threads_split(element: type) -> None:
-    """The grouped kernel splits a kv head's query heads into tasks of `part_heads` after the thread
-    count: every split, and 1 or 2 threads, give the same bits (a float32 and a half cache)."""
+    """The grouped kernel splits a kv head's query heads into parts when a call has fewer than
+    MIN_TASKS (row, kv head) pairs: a row alone (its 6 heads a kv head in parts) and in a batch (whole
+    groups), on 1 or 2 threads, gives the same bits (a float32 and a half cache)."""
     import numba
 
-    from infer.engine.backends.cpu_kernels.attention import _group_row_attention, window_row_attention
+    from infer.engine.backends.cpu_kernels.attention import MIN_TASKS, window_row_attention
 
     rng = np.random.default_rng(7)
     slots, kv_heads, heads, head_dim, capacity, batch = 2, 2, 12, 64, 50, 3
+    assert kv_heads < MIN_TASKS <= batch * kv_heads  # alone: split; batched: not
     keys = rng.standard_normal((slots, kv_heads, capacity, head_dim)).astype(np.float32)
     values = rng.standard_normal((slots, kv_heads, capacity, head_dim)).astype(np.float32)
     if element is np.uint16:  # half bits, as a `kv_cache_dtype: f16` cache holds them
@@ -74,23 +76,25 @@ def test_grouped_rows_keep_their_bits_however_heads_and_threads_split(element: t
     rows = np.arange(batch, dtype=np.int64)
     row_slots = np.asarray([0, 1, 1], dtype=np.int64)
     first, visible = np.asarray([0, 0, 9], dtype=np.int64), np.asarray([1, 37, 50], dtype=np.int64)
-    outs = []
-    for part_heads in (1, 2, 4, 6):
-        out = np.full_like(q, np.nan)
-        _group_row_attention(q, keys, values, rows, row_slots, first, visible, out, 0.0, part_heads)
-        outs.append(out)
     before = numba.get_num_threads()
-    for threads in {1, min(2, numba.config.NUMBA_NUM_THREADS)}:
+    results = []
+    for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
         numba.set_num_threads(threads)
         try:
-            out = np.full_like(q, np.nan)
-            window_row_attention(q, keys, values, rows, row_slots, first, visible, out)
-            outs.append(out)
+            batched = np.full_like(q, np.nan)
+            window_row_attention(q, keys, values, rows, row_slots, first, visible, batched)
+            alone = np.full_like(q, np.nan)
+            for r in range(batch):
+                pick = slice(r, r + 1)
+                window_row_attention(
+                    q, keys, values, rows[pick], row_slots[pick], first[pick], visible[pick], alone
+                )
+            results += [batched, alone]
         finally:
             numba.set_num_threads(before)
-    assert not np.isnan(outs[0]).any()
-    for out in outs[1:]:
-        assert (out.view(np.uint32) == outs[0].view(np.uint32)).all()
+    assert not np.isnan(results[0]).any()
+    for out in results[1:]:
+        assert (out.view(np.uint32) == results[0].view(np.uint32)).all()
 
 
 def test_head_scores_give_a_position_the_same_bits_in_any_block_or_head_count() -> None:

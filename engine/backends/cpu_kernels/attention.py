@@ -307,6 +307,7 @@ def row_attention(
     window_row_attention(q, keys, values, rows, slots, np.zeros_like(visible), visible, out, softcap)
 
 
+@numba.njit(cache=True)
 def window_row_attention(
     q: np.ndarray,
     keys: np.ndarray,
@@ -334,28 +335,32 @@ def window_row_attention(
     value once per head of the group (4 times on Llama 3's shapes). Other widths: a task a (row, head),
     each score `_dot`.
     """
-    if q.shape[2] % 16 != 0:
+    if q.shape[2] % 16 == 0:
+        _group_row_attention(q, keys, values, rows, slots, first, visible, out, softcap)
+    else:
         _head_row_attention(q, keys, values, rows, slots, first, visible, out, softcap)
-        return
-    # a kv head's group split in parts when there are fewer than two tasks a thread (a decode row of
-    # 3 or 1 kv heads on 2 threads), each part reading the keys and values again; which task computes a
-    # head never changes its arithmetic, so the split may follow the thread count
-    group, pairs = q.shape[1] // keys.shape[1], rows.shape[0] * keys.shape[1]
-    parts = min(group, max(1, -(-2 * numba.get_num_threads() // max(pairs, 1))))
-    part_heads = -(-group // parts)
-    _group_row_attention(q, keys, values, rows, slots, first, visible, out, softcap, part_heads)
+
+
+MIN_TASKS = 4
+"""Tasks the grouped kernel makes at least (when there are heads enough): a kv head's query heads split
+into parts when rows x kv heads are fewer (a decode row of 3 kv heads: 6 tasks of 2 and 1 heads, of 1:
+4 of 1), so two threads share them evenly; each part reads the keys and values again. Which task
+computes a head never changes its arithmetic."""
 
 
 # error_model="numpy": no zero check on float division (it would keep LLVM from vectorising).
 @numba.njit(cache=True, parallel=True, error_model="numpy")
-def _group_row_attention(q, keys, values, rows, slots, first, visible, out, softcap, part_heads):
-    """`window_row_attention` for head_dim a multiple of 16, a task `part_heads` query heads of one
-    row and kv head."""
+def _group_row_attention(q, keys, values, rows, slots, first, visible, out, softcap):
+    """`window_row_attention` for head_dim a multiple of 16: a task a row's query heads of one kv head,
+    or a part of them (MIN_TASKS)."""
     heads = q.shape[1]
     head_dim = q.shape[2]
     kv_heads = keys.shape[1]
     group = heads // kv_heads
     cap = np.float32(softcap)
+    pairs = max(1, rows.shape[0] * kv_heads)
+    parts = min(group, (MIN_TASKS + pairs - 1) // pairs)
+    part_heads = (group + parts - 1) // parts
     parts = (group + part_heads - 1) // part_heads
     for task in numba.prange(rows.shape[0] * kv_heads * parts):
         i = task // (kv_heads * parts)
