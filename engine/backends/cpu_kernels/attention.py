@@ -292,6 +292,26 @@ def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:
     return acc
 
 
+@numba.njit(inline="always", cache=True, error_model="numpy")
+def _softmax_numerators(weights: np.ndarray, count: int, cap: np.float32) -> np.float32:
+    """In place over weights[:count] (a head's scores): each score soft-capped when cap > 0 (cap *
+    tanh(s / cap)), then exp(s - the largest); returns their sum, added in position order."""
+    top = np.float32(-np.inf)
+    for p in range(count):
+        score = weights[p]
+        if cap > 0:
+            score = cap * np.tanh(score / cap)
+            weights[p] = score
+        if score > top:
+            top = score
+    for p in range(count):  # vectorised: no sum in this loop
+        weights[p] = exp_f32(weights[p] - top)
+    total = np.float32(0.0)
+    for p in range(count):
+        total += weights[p]
+    return total
+
+
 def row_attention(
     q: np.ndarray,
     keys: np.ndarray,
@@ -375,21 +395,7 @@ def _group_row_attention(q, keys, values, rows, slots, first, visible, out, soft
         head_scores(q[row, h0 : h0 + group_heads], keys[slot, kv], f, count, weights)
         totals = np.empty(group_heads, dtype=np.float32)
         for g in range(group_heads):
-            w = weights[g]
-            top = np.float32(-np.inf)
-            for p in range(count):
-                score = w[p]
-                if cap > 0:
-                    score = cap * np.tanh(score / cap)
-                    w[p] = score
-                if score > top:
-                    top = score
-            for p in range(count):  # vectorised: no sum in this loop
-                w[p] = exp_f32(w[p] - top)
-            total = np.float32(0.0)
-            for p in range(count):
-                total += w[p]
-            totals[g] = total
+            totals[g] = _softmax_numerators(weights[g], count, cap)
         head_values = values[slot, kv, f:n]
         target = out[row, h0 : h0 + group_heads]
         weighted_blocks(weights, 0, group_heads, head_values, target)
@@ -416,19 +422,9 @@ def _head_row_attention(q, keys, values, rows, slots, first, visible, out, softc
         weights = np.empty(count, dtype=np.float32)
         query = q[row, head]
         head_keys = keys[slot, kv]
-        top = np.float32(-np.inf)
         for p in range(count):
-            score = _dot(query, head_keys[f + p])
-            if cap > 0:
-                score = cap * np.tanh(score / cap)
-            weights[p] = score
-            if score > top:
-                top = score
-        for p in range(count):  # vectorised: no sum in this loop
-            weights[p] = exp_f32(weights[p] - top)
-        total = np.float32(0.0)
-        for p in range(count):
-            total += weights[p]
+            weights[p] = _dot(query, head_keys[f + p])
+        total = _softmax_numerators(weights, count, cap)
         target = out[row, head]
         # target[j] = sum over p of weights[p] * values[p, j], in position order: 64 and then 16
         # columns at a time with the sums held in registers, the last head_dim % 16 columns in a loop.
