@@ -8,10 +8,9 @@ every backend op and engine stage timed (the timers add ~0.3 us per call). Times
 share is of the timed run's token. Quote it beside the load average: other work on the machine inflates
 the multi-threaded kernels most.
 Then, in the kernel modes, what a step's matrix calls cost beyond their arithmetic: numba's launch of a
-parallel region (an empty prange) against a serial call, and the bytes of the step's weight matrices read
-the step's matrix products back to back (no model code between them), one call per matrix as decode makes
-them, against the same kernels on the same bytes in one call per kind of matrix (the layers' blocks
-joined): what the number of calls costs.
+parallel region (an empty prange) against a serial call, and the step's matrix products back to back (no
+model code between them), one call per matrix as decode makes them, against the same kernels on the same
+bytes in one call per kind of matrix (the layers' blocks joined): what the number of calls costs.
 """
 
 from __future__ import annotations

@@ -40,7 +40,6 @@ _F32 = ir.FloatType()
 _I64 = ir.IntType(64)
 _V16F = ir.VectorType(_F32, 16)
 _I8P = ir.IntType(8).as_pointer()
-_LINE = ir.Constant(_I64, 8)
 
 
 def _weighted_rows_codegen(vectors: int):
@@ -126,6 +125,18 @@ cache streams from memory, where demand misses alone left one thread's score loo
 2 blocks ahead of each 8 rows of 64 floats, 15.7 with 1, 16.2 with 4)."""
 
 
+def _prefetch_block(builder: ir.IRBuilder, rows: ir.Value, block: ir.Value, width: ir.Value, element) -> None:
+    """Prefetch the SCORE_LANES rows of `width` cache elements from row `block` * SCORE_LANES +
+    PREFETCH_BLOCKS * SCORE_LANES on, of the rows at `rows` (a pointer to the cache's element type)."""
+    ahead = builder.add(block, ir.Constant(_I64, PREFETCH_BLOCKS))
+    start = builder.mul(builder.mul(ahead, ir.Constant(_I64, SCORE_LANES)), width)
+    start = builder.bitcast(builder.gep(rows, [start]), _I8P)
+    row_bytes = builder.mul(width, ir.Constant(_I64, 4 if element == types.float32 else 2))
+    lines = builder.udiv(builder.mul(row_bytes, ir.Constant(_I64, SCORE_LANES)), ir.Constant(_I64, 64))
+    with cgutils.for_range(builder, lines) as line:
+        prefetch(builder, builder.gep(start, [builder.mul(line.index, ir.Constant(_I64, 64))]), 0)
+
+
 def _head_scores_codegen(context, builder, signature, args):
     queries = context.make_array(signature.args[0])(context, builder, args[0])
     element = signature.args[1].dtype
@@ -143,7 +154,7 @@ def _head_scores_codegen(context, builder, signature, args):
     key_ptr = builder.bitcast(keys.data, element_pointer_type(element))
     out_ptr = builder.bitcast(out.data, _F32.as_pointer())
     last = builder.sub(count, ir.Constant(_I64, 1))
-    element_size = ir.Constant(_I64, 4 if element == types.float32 else 2)
+    window_keys = builder.gep(key_ptr, [builder.mul(first, head_dim)])  # the row of position 0
     accs = [cgutils.alloca_once(builder, vty) for _ in range(lanes)]
     with cgutils.for_range(builder, blocks) as block:
         p0 = builder.mul(block.index, ir.Constant(_I64, lanes))
@@ -153,10 +164,7 @@ def _head_scores_codegen(context, builder, signature, args):
             p = builder.select(builder.icmp_signed(">", p, last), last, p)
             rows.append(builder.gep(key_ptr, [builder.mul(builder.add(first, p), head_dim)]))
         # the next blocks' keys on their way from memory while this block is scored
-        ahead = builder.gep(rows[0], [builder.mul(head_dim, ir.Constant(_I64, PREFETCH_BLOCKS * lanes))])
-        ahead = builder.bitcast(ahead, _I8P)
-        with cgutils.for_range(builder, builder.udiv(builder.mul(head_dim, element_size), _LINE)) as line:
-            prefetch(builder, builder.gep(ahead, [builder.mul(line.index, ir.Constant(_I64, 64))]), 0)
+        _prefetch_block(builder, window_keys, block.index, head_dim, element)
         with cgutils.for_range(builder, heads) as head:  # the block's keys stay in L1 for every head
             query_row = builder.gep(query_ptr, [builder.mul(head.index, head_dim)])
             for acc in accs:
@@ -195,10 +203,10 @@ def head_scores(typingctx, queries, keys, first, count, out):
 
 def _weighted_blocks_codegen(context, builder, signature, args):
     weights = context.make_array(signature.args[0])(context, builder, args[0])
-    element = signature.args[3].dtype
-    values = context.make_array(signature.args[3])(context, builder, args[3])
-    out = context.make_array(signature.args[4])(context, builder, args[4])
-    h0, heads = args[1], args[2]
+    element = signature.args[2].dtype
+    values = context.make_array(signature.args[2])(context, builder, args[2])
+    out = context.make_array(signature.args[3])(context, builder, args[3])
+    heads = args[1]
     lanes = SCORE_LANES
     count = builder.extract_value(values.shape, 0)
     width = builder.extract_value(values.shape, 1)
@@ -212,7 +220,7 @@ def _weighted_blocks_codegen(context, builder, signature, args):
     tail = builder.urem(count, ir.Constant(_I64, lanes))
 
     def sums(head, chunk):
-        row = builder.mul(builder.add(h0, head), out_width)
+        row = builder.mul(head, out_width)
         start = builder.add(row, builder.mul(chunk, ir.Constant(_I64, 16)))
         return builder.bitcast(builder.gep(out_ptr, [start]), _V16F.as_pointer())
 
@@ -221,18 +229,14 @@ def _weighted_blocks_codegen(context, builder, signature, args):
         return load_kv_vector(builder, builder.gep(value_ptr, [at]), element)
 
     def weight_row(head):
-        return builder.gep(weight_ptr, [builder.mul(builder.add(h0, head), stride)])
+        return builder.gep(weight_ptr, [builder.mul(head, stride)])
 
     with cgutils.for_range(builder, builder.mul(heads, chunks)) as zeroing:
         head = builder.udiv(zeroing.index, chunks)
         builder.store(ir.Constant(_V16F, None), sums(head, builder.urem(zeroing.index, chunks)), align=4)
-    element_size = ir.Constant(_I64, 4 if element == types.float32 else 2)
     with cgutils.for_range(builder, full) as block:  # 8 positions whose value rows stay in L1
         p0 = builder.mul(block.index, ir.Constant(_I64, lanes))
-        ahead = builder.add(p0, ir.Constant(_I64, PREFETCH_BLOCKS * lanes))
-        ahead = builder.bitcast(builder.gep(value_ptr, [builder.mul(ahead, width)]), _I8P)
-        with cgutils.for_range(builder, builder.udiv(builder.mul(width, element_size), _LINE)) as line:
-            prefetch(builder, builder.gep(ahead, [builder.mul(line.index, ir.Constant(_I64, 64))]), 0)
+        _prefetch_block(builder, value_ptr, block.index, width, element)
         with cgutils.for_range(builder, heads) as head:
             w = weight_row(head.index)
             splats = [
@@ -261,23 +265,22 @@ def _weighted_blocks_codegen(context, builder, signature, args):
 
 
 @intrinsic
-def weighted_blocks(typingctx, weights, h0, heads, values, out):
-    """(weights float32 [>= h0 + heads, >= count], h0, heads, values [count, width] (float32 or half
-    bits), out float32 [>= h0 + heads, width]): out[h0 + h] = weights[h0 + h, :count] @ values for h <
-    heads, width a multiple of 16; each column's sum over the positions in order, mul then add (the bits
+def weighted_blocks(typingctx, weights, heads, values, out):
+    """(weights float32 [>= heads, >= count], heads, values [count, width] (float32 or half bits), out
+    float32 [>= heads, width]): out[h] = weights[h, :count] @ values for h < heads, width a multiple of
+    16; each column's sum over the positions in order, mul then add (the bits
     of `weighted_rows_*` for each head). The value rows are read once, in order: 8 at a time, while
     they are in L1, for every head and 16 columns, the sums kept in `out` between blocks (where one
     pass per 16 columns over every row, strided, read a long context's values from memory at a
     quarter of the speed)."""
     if not (
         is_c_array(weights, types.float32, 2)
-        and isinstance(h0, types.Integer)
         and isinstance(heads, types.Integer)
         and any(is_c_array(values, element, 2) for element in KV_ELEMENT_TYPES)
         and is_c_array(out, types.float32, 2)
     ):
         return None
-    sig = types.void(weights, types.int64, types.int64, values, out)
+    sig = types.void(weights, types.int64, values, out)
     return sig, _weighted_blocks_codegen
 
 
@@ -398,7 +401,7 @@ def _group_row_attention(q, keys, values, rows, slots, first, visible, out, soft
             totals[g] = _softmax_numerators(weights[g], count, cap)
         head_values = values[slot, kv, f:n]
         target = out[row, h0 : h0 + group_heads]
-        weighted_blocks(weights, 0, group_heads, head_values, target)
+        weighted_blocks(weights, group_heads, head_values, target)
         for g in range(group_heads):
             inverse = np.float32(1.0) / totals[g]
             for j in range(head_dim):
