@@ -7,6 +7,8 @@ Runs greedy (or --temp) generations of --tokens tokens after a warm-up, first pl
 every backend op and engine stage timed (the timers add ~0.3 us per call). Times are per token; an op's
 share is of the timed run's token. Quote it beside the load average: other work on the machine inflates
 the multi-threaded kernels most.
+In the `int8` mode a decode row's layers run in one compiled call (Backend.row_decoder): the table shows it
+as "layers in one call", and the backend ops it covers do not appear.
 Then, in the kernel modes, what a step's matrix calls cost beyond their arithmetic: numba's launch of a
 parallel region (an empty prange) against a serial call, and the step's matrix products back to back (no
 model code between them), one call per matrix as decode makes them, against the same kernels on the same
@@ -38,6 +40,8 @@ from infer.engine.sampling import SamplingParams
 
 BACKEND_OPS = ("embed", "linear", "logits", "rms_norm", "rope", "silu_mul", "write_kv", "attention")
 ENGINE_STAGES = ("step",)
+ROW_DECODER = "layers in one call"
+"""The label of the row decoder's call (every layer of a decode row: its matmuls, attention and row ops)."""
 
 
 class Timers:
@@ -95,6 +99,11 @@ def main() -> None:
     timers = Timers()
     for name in BACKEND_OPS:
         timers.wrap(engine.model.backend, name, name)
+    ops_timed = BACKEND_OPS
+    row_decoder = getattr(engine.model, "_row_decoder", None)
+    if row_decoder is not None:  # a decode row's layers run in one call (Backend.row_decoder)
+        timers.wrap(row_decoder, "run", ROW_DECODER)
+        ops_timed = (*BACKEND_OPS, ROW_DECODER)
     timers.wrap(engine.model, "forward", "model.forward")
     for name in ENGINE_STAGES:
         timers.wrap(engine, name, "engine." + name.lstrip("_"))
@@ -104,8 +113,8 @@ def main() -> None:
         done = engine.generate(Request(prompt, params, max_tokens=args.tokens, ignore_eos=True, seed=1)).done
         tokens += done.usage.completion_tokens
     seconds = timers.seconds
-    ops = sum(seconds[name] for name in BACKEND_OPS)
-    rows = [(name, seconds[name], timers.calls[name]) for name in BACKEND_OPS]
+    ops = sum(seconds[name] for name in ops_timed)
+    rows = [(name, seconds[name], timers.calls[name]) for name in ops_timed if timers.calls[name]]
     rows.append(("model code between ops", seconds["model.forward"] - ops, 0))
     rows.append(("engine outside forward", seconds["engine.step"] - seconds["model.forward"], 0))
     token = seconds["engine.step"] / tokens
@@ -160,9 +169,11 @@ def print_call_costs(engine: Any, threads: int) -> None:
         return linear(x, weight, bias)
 
     backend.linear = capture
+    row_decoder, engine.model._row_decoder = engine.model._row_decoder, None  # each product through linear
     # a 4-token prompt, then one decode step: its calls are the one-row ones
     engine.generate(Request((1, 2, 3, 4), SamplingParams(temperature=0), max_tokens=2, ignore_eos=True))
     backend.linear = linear
+    engine.model._row_decoder = row_decoder
     step = [(x, w) for x, w in captured if x.shape[0] == 1 and hasattr(w, "blocks")]
     if not step:
         return

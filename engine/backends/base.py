@@ -102,6 +102,54 @@ class CompileReport:
     """Wall time spent compiling."""
 
 
+@dataclass(frozen=True)
+class RowLayer:
+    """One Llama-style decoder layer's weights (RMSNorm before attention and before the MLP, nothing
+    else around them), as a backend's `row_decoder` takes them."""
+
+    attn_norm: Any
+    qkv: Any
+    out: Any
+    mlp_norm: Any
+    gate_up: Any
+    down: Any
+
+
+@dataclass(frozen=True)
+class RowShape:
+    """What `row_decoder` needs of a model besides its layers' weights."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    """RMSNorm epsilon."""
+    gelu: bool
+    """GeGLU (True) or SwiGLU (False)."""
+    rope_of: tuple[int, ...]
+    """Each layer's kind of RoPE rotations (an index into the rotations `run` is handed)."""
+
+
+class RowDecoder(Protocol):
+    """A model's layers run for one decode row in one call (a backend's `row_decoder`)."""
+
+    def run(
+        self,
+        hidden: Array,
+        cache: KVCache,
+        slot: int,
+        position: int,
+        q_rotations: np.ndarray,
+        k_rotations: np.ndarray,
+    ) -> Array:
+        """Every layer for the one row `hidden` [1, width] (its embedding; may be updated in place):
+        the residual stream after the last layer, the row's keys and values written at (slot,
+        position); q_rotations, k_rotations: complex64 [rope kinds, head_dim / 2], the row's rotations
+        of each kind. The row's bits are those the op-by-op path gives it."""
+        ...
+
+
 class HostSetup:
     """The hooks around a backend's ops, with what a backend that needs none does: the process, the
     step thread and each step are left as they are, and nothing compiles. A backend class inherits
@@ -192,6 +240,11 @@ class HostSetup:
         gives it with that expert alone. Only backends whose `expert_stack` returns a weight have it."""
         raise BackendError(f"the {type(self).__name__} backend has no grouped expert product")
 
+    def row_decoder(self, layers: Sequence[RowLayer], shape: RowShape) -> RowDecoder | None:
+        """The layers packed to run one decode row in one call, or None (here) when the backend has no
+        such path for them: the model then runs a one-row batch op by op."""
+        return None
+
     def threads_reason(self) -> str | None:
         """One line saying why the host kernels run on the threads they do (fixed by `-t N`,
         adapted to the load, ...), for `infer bench`; None when the backend has no host kernels."""
@@ -246,6 +299,11 @@ class Backend(Protocol):
     def expert_linear(self, x: Array, stack: Weight, experts: np.ndarray, starts: np.ndarray) -> Array:
         """[P, out]: rows starts[s] .. starts[s + 1] - 1 of x [P, in] times matrix experts[s] of
         `stack`, in one call; each row's result is the bits `linear` gives it with that expert."""
+        ...
+
+    def row_decoder(self, layers: Sequence[RowLayer], shape: RowShape) -> RowDecoder | None:
+        """Llama-style `layers` packed to run one decode row in one call (`RowDecoder.run`), or None
+        when the backend has no such path for them."""
         ...
 
     def asarray(self, host: np.ndarray) -> Array:

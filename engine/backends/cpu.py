@@ -15,7 +15,7 @@ import numpy as np
 
 from infer.engine.backends import cpu_setup
 from infer.engine.backends.attention import AttentionPlan, PrefillRun, causal_mask
-from infer.engine.backends.base import BackendOptions, Capabilities
+from infer.engine.backends.base import BackendOptions, Capabilities, RowDecoder, RowLayer, RowShape
 from infer.engine.backends.cpu_kernels.registry import Quantize, QuantKernels, quantize_once
 from infer.engine.backends.cpu_memory import (
     PAGE,
@@ -129,6 +129,35 @@ def _kernel_view(cache_array: np.ndarray) -> np.ndarray:
     """A KV cache array as the numba kernels take it: float32 as is, a half cache as its bits (numba
     has no float16 on the CPU; the kernels widen each element as they load it, kv_storage.py)."""
     return cache_array.view(np.uint16) if cache_array.dtype == np.float16 else cache_array
+
+
+class _CpuRowDecoder:
+    """RowDecoder over cpu_kernels/decode_row.py's packed layers."""
+
+    def __init__(self, layers: object) -> None:
+        self._layers = layers
+
+    def run(
+        self,
+        hidden: np.ndarray,
+        cache: KVCache,
+        slot: int,
+        position: int,
+        q_rotations: np.ndarray,
+        k_rotations: np.ndarray,
+    ) -> np.ndarray:
+        """See RowDecoder.run (in place on `hidden` when it is float32 and contiguous)."""
+        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        self._layers.run(  # type: ignore[attr-defined]
+            hidden,
+            _kernel_view(cache.keys),
+            _kernel_view(cache.values),
+            slot,
+            position,
+            np.ascontiguousarray(q_rotations, dtype=np.complex64),
+            np.ascontiguousarray(k_rotations, dtype=np.complex64),
+        )
+        return hidden
 
 
 class CpuBackend(cpu_setup.CpuSetup):
@@ -367,6 +396,50 @@ class CpuBackend(cpu_setup.CpuSetup):
                     out[lo:hi, column : column + width] = target
                 column += width
         return out
+
+    def row_decoder(self, layers: Sequence[RowLayer], shape: RowShape) -> RowDecoder | None:
+        """In the `int8` mode, Llama-style layers whose matrices are all block types with int8 kernels
+        (cpu_kernels/decode_row.py: Q4_0, Q4_1, Q8_0, Q5_0, Q4_K, Q5_K, Q6_K) packed to run one decode
+        row in one compiled call, the same kernels on the same data as op by op; None otherwise."""
+        if self._quantize is None:
+            return None
+        from infer.engine.backends.cpu_kernels import decode_row
+        from infer.engine.backends.cpu_kernels.activations import quantize_activations, quantize_activations_k
+
+        def parts(weight: object) -> list[decode_row.MatrixPart] | None:
+            pieces = weight.parts if isinstance(weight, StackedWeight) else (weight,)
+            found, column = [], 0
+            for piece in pieces:
+                if not isinstance(piece, BlockWeight):
+                    return None
+                kernels = piece.kernels
+                code = decode_row.part_code(kernels.matmul_int8)
+                legacy = code is not None and code < len(decode_row.LEGACY_TYPES)
+                expected = quantize_activations if legacy else quantize_activations_k
+                if code is None or (kernels.quantize or self._quantize) is not expected:
+                    return None
+                found.append(decode_row.MatrixPart(piece.blocks, kernels.matmul_int8, column))
+                column += piece.shape[0]
+            return found
+
+        packed = []
+        for layer in layers:
+            roles = [parts(w) for w in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+            norms = (layer.attn_norm, layer.mlp_norm)
+            if any(r is None for r in roles) or not all(isinstance(n, DenseWeight) for n in norms):
+                return None
+            packed.append(roles)
+        return _CpuRowDecoder(
+            decode_row.DecodeLayers(
+                packed,  # type: ignore[arg-type]
+                np.stack([layer.attn_norm.data for layer in layers]),
+                np.stack([layer.mlp_norm.data for layer in layers]),
+                np.asarray(shape.rope_of, dtype=np.int64),
+                (shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate),
+                shape.eps,
+                shape.gelu,
+            )
+        )
 
     def asarray(self, host: np.ndarray) -> np.ndarray:
         """Host data is already where the cpu backend computes."""

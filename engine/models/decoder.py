@@ -25,7 +25,7 @@ from typing import Any, Literal
 import numpy as np
 
 from infer.engine.backends.attention import AttentionPlan
-from infer.engine.backends.base import Array, Backend, Weight
+from infer.engine.backends.base import Array, Backend, RowDecoder, RowLayer, RowShape, Weight
 from infer.engine.backends.kv_cache import KVCache
 from infer.engine.batch import ForwardBatch
 from infer.engine.models.base import (
@@ -558,6 +558,44 @@ class DecoderStack(DecoderModel):
         self._sliding_layers = tuple(i for i, layer in enumerate(self.layers) if layer.sliding)
         multiplier = config.embedding_multiplier
         self._embed_scale = None if multiplier is None else np.float32(multiplier)
+        self._row_decoder = self._plain_row_decoder()
+
+    def _plain_row_decoder(self) -> RowDecoder | None:
+        """The backend's one-call path for a decode row (Backend.row_decoder) when every layer is the
+        plain Llama block: RMSNorm before attention and before a dense gated MLP, no biases, q/k norms,
+        post-norms, multipliers, soft-capping or sliding windows. None otherwise, or where the backend
+        has no such path: a one-row batch then runs op by op like any other."""
+        c = self.config
+        if (
+            type(self)._mlp is not DecoderStack._mlp
+            or c.residual_multiplier is not None
+            or c.attn_logit_softcapping is not None
+            or self._sliding_layers
+        ):
+            return None
+        for layer in self.layers:
+            if (
+                layer.attn_norm is None
+                or layer.mlp_norm is None
+                or layer.gate_up is None
+                or layer.down is None
+                or layer.experts is not None
+                or any(w is not None for w in (layer.qkv_bias, layer.q_norm, layer.k_norm))
+                or any(w is not None for w in (layer.post_attn_norm, layer.post_mlp_norm))
+            ):
+                return None
+        return self.backend.row_decoder(
+            [RowLayer(w.attn_norm, w.qkv, w.out, w.mlp_norm, w.gate_up, w.down) for w in self.layers],
+            RowShape(
+                heads=c.num_attention_heads,
+                kv_heads=c.num_key_value_heads,
+                head_dim=c.head_dim,
+                intermediate=c.intermediate_size,
+                eps=c.rms_norm_eps,
+                gelu=c.activation != "silu",
+                rope_of=tuple(layer.rope for layer in self.layers),
+            ),
+        )
 
     def _mlp_weights(self, index: int, weights: dict[str, Tensor], names: LayerNames) -> dict[str, Any]:
         """Layer `index`'s feed-forward weights as DecoderLayer fields (taken from `weights`): the
@@ -651,22 +689,32 @@ class DecoderStack(DecoderModel):
         hidden = backend.embed(self.embed, batch.token_ids)
         if self._embed_scale is not None:
             hidden *= self._embed_scale
-        for index, layer in enumerate(self.layers):
-            q_rot, k_rot = rotations[layer.rope]
-            x = hidden if layer.attn_norm is None else backend.rms_norm(hidden, layer.attn_norm, eps)
-            qkv = backend.linear(x, layer.qkv, layer.qkv_bias)
-            q = backend.rope(self._qk_norm(qkv[:, :q_width], layer.q_norm, rows, heads), q_rot)
-            k = backend.rope(
-                self._qk_norm(qkv[:, q_width : q_width + kv_width], layer.k_norm, rows, kv_heads), k_rot
+        if rows == 1 and self._row_decoder is not None:  # a decode row: every layer in one call
+            hidden = self._row_decoder.run(
+                hidden,
+                cache,
+                int(slots_per_row[0]),
+                int(positions[0]),
+                np.concatenate([q for q, _ in rotations]),
+                np.concatenate([k for _, k in rotations]),
             )
-            v = qkv[:, q_width + kv_width :].reshape(rows, kv_heads, head_dim)
-            backend.write_kv(cache, index, slots_per_row, positions, k, v)
-            attn = backend.attention(q, cache, index, window_plan if layer.sliding else full_plan)
-            hidden += self._branch(
-                backend.linear(attn.reshape(rows, q_width), layer.out), layer.post_attn_norm
-            )
-            x = hidden if layer.mlp_norm is None else backend.rms_norm(hidden, layer.mlp_norm, eps)
-            hidden += self._branch(self._mlp(x, layer), layer.post_mlp_norm)
+        else:
+            for index, layer in enumerate(self.layers):
+                q_rot, k_rot = rotations[layer.rope]
+                x = hidden if layer.attn_norm is None else backend.rms_norm(hidden, layer.attn_norm, eps)
+                qkv = backend.linear(x, layer.qkv, layer.qkv_bias)
+                q = backend.rope(self._qk_norm(qkv[:, :q_width], layer.q_norm, rows, heads), q_rot)
+                k = backend.rope(
+                    self._qk_norm(qkv[:, q_width : q_width + kv_width], layer.k_norm, rows, kv_heads), k_rot
+                )
+                v = qkv[:, q_width + kv_width :].reshape(rows, kv_heads, head_dim)
+                backend.write_kv(cache, index, slots_per_row, positions, k, v)
+                attn = backend.attention(q, cache, index, window_plan if layer.sliding else full_plan)
+                hidden += self._branch(
+                    backend.linear(attn.reshape(rows, q_width), layer.out), layer.post_attn_norm
+                )
+                x = hidden if layer.mlp_norm is None else backend.rms_norm(hidden, layer.mlp_norm, eps)
+                hidden += self._branch(self._mlp(x, layer), layer.post_mlp_norm)
 
         self._forget_past_windows(batch, cache)
         last = backend.rms_norm(hidden[backend.asarray(batch.logit_rows)], self.final_norm, eps)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -174,6 +175,12 @@ def _matmul(blocks, xq, xd, xb, out, kind, path, lanes, rows_per_call, threads):
         tiles.tiled_matmul(blocks, xp, xdp, xbp, xq.shape[0], out, kind, path, lanes, rows_per_call, threads)
     else:
         _int8_matmul(blocks, xq, xd, xb, out, kind, path)
+
+
+def row_kernel() -> Callable[..., None]:
+    """The compiled row dots (blocks, xq, xd, xb, out, kind, path) the public int8 matmuls run below
+    tiles.MIN_ROWS activation rows (kind 0-2: Q4_K, Q5_K, Q6_K), for compiled callers (decode_row.py)."""
+    return _int8_matmul
 
 
 def _run(blocks, xq, xd, xb, out, kind: int, path: int) -> None:

@@ -14,6 +14,8 @@ numba's cache tracks only this file for these kernels: after editing simd_int8.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit, prange
 
@@ -575,3 +577,14 @@ def q5_0_matmul_int8_path(
 def q5_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q5_0 weights against int8 activations (quantize_activations) through the host's best int8 path."""
     q5_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
+
+
+def host_int8_kernels() -> dict[str, Callable[..., None]]:
+    """Each type's compiled int8 kernel (blocks, xq, xs, out) on the host's path: what compiled callers
+    (decode_row.py) call for the type's `*_matmul_int8`."""
+    return {
+        "Q4_0": (_q4_0_int8_portable, _q4_0_int8_avx2, _q4_0_int8_vnni)[INT8_PATH],
+        "Q4_1": (_q4_1_int8_portable, _q4_1_int8_avx2, _q4_1_int8_vnni)[INT8_PATH],
+        "Q8_0": (_q8_0_int8_portable, _q8_0_int8_avx2, _q8_0_int8_vnni)[INT8_PATH],
+        "Q5_0": (_q5_0_int8_portable, _q5_0_int8_avx2, _q5_0_int8_vnni)[INT8_PATH],
+    }

@@ -1,0 +1,369 @@
+"""One decode row through every layer of a Llama-style decoder in one compiled call (the `int8` mode).
+
+A batch-1 decode step of the 135M default model makes about 330 backend calls (120 of them matrix
+products), each a trip from Python through numba's dispatcher plus the numpy glue around it; together
+that was a quarter of the step (7.3 ms a forward on the Zen 3 VM, 5.8 ms with the layers in one call).
+`decode_layers` runs the same kernels in the same order on the same data from compiled code: the
+RMSNorm (`rowops._rms_norm_serial`), each product's activation quantization and int8 kernel, RoPE, the
+KV write, row attention (`attention.window_row_attention`), SwiGLU/GeGLU and the residual adds. So a
+row's bits are those the op-by-op path gives it, alone or batched (tests/test_decode_row.py compares
+them on every type it takes).
+
+The matrix kernels are reached through first-class function values (numba's FunctionType, typed by
+signature): the legacy types' int8 kernels on the host's path and the K-quants' row kernel. Linking
+them statically would compile every type's kernels on every path into this function (100 s cold on the
+Zen 3 VM) for a model that reads one or two types; through a function value only the types a model
+has compile, and the compiled function caches (its signature names no particular kernel).
+
+numba's cache tracks only this file for `decode_layers`, which links rowops.py, attention.py and
+activations.py statically: after editing those, touch this file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit, typed, types
+from numba.core.errors import NumbaExperimentalFeatureWarning
+
+from . import kquants_int8, legacy_int8
+from .activations import _quantize, _quantize_k
+from .attention import window_row_attention
+from .rowops import _gated_serial, _rms_norm_serial, rope_rows, write_kv_rows
+
+BLOCKS = types.Array(types.uint8, 2, "C", readonly=True)
+"""A matrix's blocks as the backend holds them (read-only [out, row_bytes])."""
+_I8, _I32, _F32 = (types.Array(t, 2, "C") for t in (types.int8, types.int32, types.float32))
+
+LEGACY_PRODUCT = types.FunctionType(types.void(BLOCKS, _I8, _F32, _F32))
+"""A legacy type's int8 kernel (blocks, xq, xs, out): legacy_int8's on the host's path."""
+KQUANT_PRODUCT = types.FunctionType(types.void(BLOCKS, _I8, _F32, _I32, _F32, types.int64, types.int64))
+"""The K-quants' int8 row kernel (blocks, xq, xd, xb, out, kind, path): kquants_int8._int8_matmul."""
+
+LEGACY_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0")
+"""Codes 0-3 of a matrix part: these types' int8 kernels, activations quantized per 32 (Q8_0)."""
+KQUANT_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+"""Codes 4-6: these, activations quantized per 256 (Q8_K)."""
+
+ROLES = 4
+"""A layer's products in order: qkv, out, gate_up, down."""
+
+
+@njit(cache=True)
+def _unused_legacy(blocks, xq, xs, out):
+    """Fills the slots of the legacy types a model does not have (never called)."""
+
+
+@njit(cache=True)
+def _unused_kquant(blocks, xq, xd, xb, out, kind, path):
+    """Stands for the K-quant kernel in a model without K-quants (never called)."""
+
+
+@njit(inline="always", cache=True)
+def _product(x, role, part_starts, blocks, codes, columns, out, legacy, kquant, path):
+    """out = x @ W.T for one role's matrix, part by part (a stack of types writes its own columns),
+    with x quantized once per quantizer the parts read, as the op-by-op path does."""
+    lo, hi = part_starts[role], part_starts[role + 1]
+    width = x.shape[1]
+    needs_legacy = False
+    needs_k = False
+    for p in range(lo, hi):
+        if codes[p] < len(LEGACY_TYPES):
+            needs_legacy = True
+        else:
+            needs_k = True
+    xq = np.empty((1, width), np.int8)
+    xs = np.empty((1, width // 32), np.float32)
+    if needs_legacy:
+        _quantize(x, xq, xs)
+    kq = np.empty((1, width), np.int8)
+    xd = np.empty((1, width // 256), np.float32)
+    xb = np.empty((1, width // 16), np.int32)
+    if needs_k:
+        _quantize_k(x, kq, xd, xb)
+    for p in range(lo, hi):
+        target = out if hi - lo == 1 else np.empty((1, blocks[p].shape[0]), np.float32)
+        code = codes[p]
+        if code < len(LEGACY_TYPES):
+            legacy[code](blocks[p], xq, xs, target)
+        else:
+            kquant[0](blocks[p], kq, xd, xb, target, code - len(LEGACY_TYPES), path)
+        if hi - lo > 1:
+            out[0, columns[p] : columns[p] + target.shape[1]] = target[0]
+
+
+def _decode_layers(
+    hidden,
+    attn_norms,
+    mlp_norms,
+    blocks,
+    codes,
+    columns,
+    part_starts,
+    rope_of,
+    q_rots,
+    k_rots,
+    keys,
+    values,
+    slot,
+    position,
+    eps,
+    shape,
+    gelu,
+    legacy,
+    kquant,
+    path,
+):
+    """Every layer for one row: hidden [1, width] (the embedding in, the residual stream out) is updated
+    in place; the row's keys and values land at (slot, position) of keys, values [layers, slots, kv_heads,
+    capacity, head_dim]. shape = (heads, kv_heads, head_dim, intermediate)."""
+    heads, kv_heads, head_dim, inter = shape[0], shape[1], shape[2], shape[3]
+    q_width, kv_width = heads * head_dim, kv_heads * head_dim
+    width = hidden.shape[1]
+    x = np.empty((1, width), np.float32)
+    qkv = np.empty((1, q_width + 2 * kv_width), np.float32)
+    branch = np.empty((1, width), np.float32)
+    gate_up = np.empty((1, 2 * inter), np.float32)
+    gated = np.empty((1, inter), np.float32)
+    attended = np.empty((1, heads, head_dim), np.float32)
+    rows = np.zeros(1, np.int64)
+    slots = np.full(1, slot, np.int64)
+    first = np.zeros(1, np.int64)
+    visible = np.full(1, position + 1, np.int64)
+    positions = np.full(1, position, np.int64)
+    for layer in range(attn_norms.shape[0]):
+        role = ROLES * layer
+        _rms_norm_serial(hidden, attn_norms[layer], eps, x)
+        _product(x, role, part_starts, blocks, codes, columns, qkv, legacy, kquant, path)
+        q = qkv[:, :q_width].copy().reshape(1, heads, head_dim)
+        k = qkv[:, q_width : q_width + kv_width].copy().reshape(1, kv_heads, head_dim)
+        v = qkv[:, q_width + kv_width :].copy().reshape(1, kv_heads, head_dim)
+        kind = rope_of[layer]
+        rope_rows(q, q_rots[kind : kind + 1])
+        rope_rows(k, k_rots[kind : kind + 1])
+        write_kv_rows(keys, values, layer, slots, positions, k, v)
+        window_row_attention(q, keys[layer], values[layer], rows, slots, first, visible, attended, 0.0)
+        _product(
+            attended.reshape(1, q_width),
+            role + 1,
+            part_starts,
+            blocks,
+            codes,
+            columns,
+            branch,
+            legacy,
+            kquant,
+            path,
+        )
+        hidden += branch
+        _rms_norm_serial(hidden, mlp_norms[layer], eps, x)
+        _product(x, role + 2, part_starts, blocks, codes, columns, gate_up, legacy, kquant, path)
+        _gated_serial(gate_up, inter, gated, gelu)
+        _product(gated, role + 3, part_starts, blocks, codes, columns, branch, legacy, kquant, path)
+        hidden += branch
+
+
+def _signature(cache_element: types.Type) -> types.Type:
+    c1 = types.Array(types.int64, 1, "C")
+    rotations = types.Array(types.complex64, 2, "C")
+    cache = types.Array(cache_element, 5, "C")
+    return types.void(
+        _F32,
+        _F32,
+        _F32,
+        types.ListType(BLOCKS),
+        c1,
+        c1,
+        c1,
+        c1,
+        rotations,
+        rotations,
+        cache,
+        cache,
+        types.int64,
+        types.int64,
+        types.float32,
+        types.UniTuple(types.int64, 4),
+        types.boolean,
+        types.ListType(LEGACY_PRODUCT),
+        types.ListType(KQUANT_PRODUCT),
+        types.int64,
+    )
+
+
+@contextlib.contextmanager
+def _function_values() -> Iterator[None]:
+    """A block that makes or types function values, without numba's warning that the feature is
+    experimental (what it runs here is covered by tests/test_decode_row.py)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
+        yield
+
+
+@functools.cache
+def _compiled(cache_dtype: str) -> Callable[..., None]:
+    """`_decode_layers` compiled (or loaded from numba's cache) for a float32 or half cache, on first use."""
+    element = types.float32 if cache_dtype == "float32" else types.uint16
+    with _function_values():
+        return njit(_signature(element), cache=True)(_decode_layers)
+
+
+# The lists `decode_layers` reads are made and filled by compiled functions, which numba caches: typed.List
+# from Python compiles its methods for each element type in every process (2.4 s of start-up for these).
+@njit(cache=True)
+def _blocks_list():
+    return typed.List.empty_list(BLOCKS)
+
+
+@njit(cache=True)
+def _append_blocks(blocks, item):
+    blocks.append(item)
+
+
+def _legacy_list():
+    return typed.List.empty_list(LEGACY_PRODUCT)
+
+
+def _kquant_list():
+    return typed.List.empty_list(KQUANT_PRODUCT)
+
+
+def _append(items, item):
+    items.append(item)
+
+
+@dataclass(frozen=True)
+class _ListMakers:
+    legacy_list: Callable[[], Any]
+    append_legacy: Callable[[Any, Any], None]
+    kquant_list: Callable[[], Any]
+    append_kquant: Callable[[Any, Any], None]
+
+
+@functools.cache
+def _list_makers() -> _ListMakers:
+    """The compiled makers of the kernels' function-value lists (explicit signatures: a function value
+    is typed by its signature, so they cache; compiled or loaded on first use)."""
+    legacy, kquant = types.ListType(LEGACY_PRODUCT), types.ListType(KQUANT_PRODUCT)
+    with _function_values():
+        return _ListMakers(
+            njit(legacy(), cache=True)(_legacy_list),
+            njit(types.void(legacy, LEGACY_PRODUCT), cache=True)(_append),
+            njit(kquant(), cache=True)(_kquant_list),
+            njit(types.void(kquant, KQUANT_PRODUCT), cache=True)(_append),
+        )
+
+
+def _kernel_codes() -> dict[Callable[..., None], int]:
+    """The public int8 matmul of each type this module runs, to its code."""
+    legacy = (
+        legacy_int8.q4_0_matmul_int8,
+        legacy_int8.q4_1_matmul_int8,
+        legacy_int8.q8_0_matmul_int8,
+        legacy_int8.q5_0_matmul_int8,
+    )
+    kquant = (kquants_int8.q4_k_matmul_int8, kquants_int8.q5_k_matmul_int8, kquants_int8.q6_k_matmul_int8)
+    return {fn: code for code, fn in enumerate(legacy + kquant)}
+
+
+@dataclass(frozen=True)
+class MatrixPart:
+    """One part of a layer's product: blocks of one type that write `width` columns from `column`."""
+
+    blocks: np.ndarray
+    matmul_int8: Callable[..., None]
+    column: int
+
+
+def part_code(matmul_int8: Callable[..., None] | None) -> int | None:
+    """The code `decode_layers` runs a part with, from its type's int8 matmul; None for a kernel it
+    does not run (then the model keeps the op-by-op path)."""
+    return None if matmul_int8 is None else _kernel_codes().get(matmul_int8)
+
+
+class DecodeLayers:
+    """A model's layers packed for `decode_layers`: each role's parts in order, each part's type code,
+    the norms stacked, and the kernels as function values."""
+
+    def __init__(
+        self,
+        layers: Sequence[Sequence[Sequence[MatrixPart]]],
+        attn_norms: np.ndarray,
+        mlp_norms: np.ndarray,
+        rope_of: np.ndarray,
+        shape: tuple[int, int, int, int],
+        eps: float,
+        gelu: bool,
+    ) -> None:
+        codes_of = _kernel_codes()
+        parts = [part for roles in layers for role in roles for part in role]
+        starts = [0]
+        for roles in layers:
+            for role in roles:
+                starts.append(starts[-1] + len(role))
+        self._blocks = _blocks_list()
+        for part in parts:
+            _append_blocks(self._blocks, part.blocks)
+        self._codes = np.array([codes_of[part.matmul_int8] for part in parts], dtype=np.int64)
+        self._columns = np.array([part.column for part in parts], dtype=np.int64)
+        self._part_starts = np.array(starts, dtype=np.int64)
+        self._attn_norms = np.ascontiguousarray(attn_norms, dtype=np.float32)
+        self._mlp_norms = np.ascontiguousarray(mlp_norms, dtype=np.float32)
+        self._rope_of = np.ascontiguousarray(rope_of, dtype=np.int64)
+        self._shape = tuple(int(n) for n in shape)
+        self._eps = np.float32(eps)
+        self._gelu = bool(gelu)
+        # The kernels as function values, converted once here (converting them on each call cost
+        # ~0.1 ms a kernel): a list a legacy type's slot, and one for the K-quants' row kernel.
+        used = set(self._codes.tolist())
+        legacy_host = legacy_int8.host_int8_kernels()
+        has_k = any(code >= len(LEGACY_TYPES) for code in used)
+        make = _list_makers()
+        self._legacy = make.legacy_list()
+        for code, name in enumerate(LEGACY_TYPES):
+            make.append_legacy(self._legacy, legacy_host[name] if code in used else _unused_legacy)
+        self._kquant = make.kquant_list()
+        make.append_kquant(self._kquant, kquants_int8.row_kernel() if has_k else _unused_kquant)
+
+    def run(
+        self,
+        hidden: np.ndarray,
+        keys: np.ndarray,
+        values: np.ndarray,
+        slot: int,
+        position: int,
+        q_rots: np.ndarray,
+        k_rots: np.ndarray,
+    ) -> None:
+        """Every layer for the one row `hidden` [1, width] (float32, updated in place), its keys and
+        values written at (slot, position) of the cache arrays (float32, or half bits as uint16);
+        q_rots, k_rots: complex64 [rope kinds, pairs], the row's rotations of each kind of layer."""
+        compiled = _compiled("float32" if keys.dtype == np.float32 else "float16")
+        compiled(
+            hidden,
+            self._attn_norms,
+            self._mlp_norms,
+            self._blocks,
+            self._codes,
+            self._columns,
+            self._part_starts,
+            self._rope_of,
+            q_rots,
+            k_rots,
+            keys,
+            values,
+            slot,
+            position,
+            self._eps,
+            self._shape,
+            self._gelu,
+            self._legacy,
+            self._kquant,
+            kquants_int8.INT8_PATH,
+        )
