@@ -1,7 +1,7 @@
 """A decode row through every layer in one compiled call (the cpu backend's row decoder, `int8` mode:
 cpu_kernels/decode_row.py) gives the logits and KV-cache entries of the op-by-op path bit for bit, on
-every block type it takes, stacks of types, a half cache, and each family whose layers are the plain
-Llama block; the rest (and the other modes) keep the op-by-op path."""
+every block type it takes, stacks of types, a half cache, and every family with dense layers; a
+mixture of experts (and the other modes) keep the op-by-op path."""
 
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ pytest_plugins = ["conftest_synthetic"]
 
 FAMILIES = Path(__file__).parent / "reference" / "families"
 
-ONE_CALL_FAMILIES = {"mistral_sliding", "phi3", "phi4mini", "smollm3"}
-"""The families' reference GGUFs whose layers are the plain Llama block (mistral_sliding's GGUF has no
-window; smollm3 has layers without RoPE, a second kind of rotations). Gemma 2 (sandwich norms, soft
-caps), Granite (multipliers), OLMo 2 (post-norms), Qwen3 (q/k norms) and Qwen3-MoE (experts) have not."""
+OP_BY_OP_FAMILIES = {"qwen3moe"}
+"""The families' reference GGUFs whose layers the row decoder does not take (experts); the others cover
+what it does beyond the Llama block: q/k/v biases (none here: test_other_modes... has qwen2), q/k norms
+per head (qwen3, gemma3 in test_gemma3.py) and over the projection (olmo2), sandwich norms, GeGLU,
+attention soft-capping and alternating RoPE kinds (gemma2), post-norms without pre-norms (olmo2),
+residual multipliers (granite), layers without RoPE (smollm3), fused qkv and gate_up (phi3, phi4mini)."""
 
 
 def _row(model, cache, slot: int, start: int, tokens: list[int]) -> np.ndarray:
@@ -89,9 +91,15 @@ def test_one_call_gives_the_op_by_op_bits(tiny_model_factory, quant, tensor_quan
 @pytest.mark.parametrize("family", sorted(p.name for p in FAMILIES.iterdir() if p.is_dir()))
 def test_families_with_the_plain_block_decode_a_row_in_one_call(family: str) -> None:
     model = build_model(load_checkpoint(FAMILIES / family / "q8_0.gguf"), CpuBackend(kernels="int8"))
-    if family not in ONE_CALL_FAMILIES:
+    if family in OP_BY_OP_FAMILIES:
         assert model._row_decoder is None
         return
+    _assert_one_call_matches_op_by_op(model)
+
+
+def test_qkv_biases_in_one_call(tiny_model_factory) -> None:
+    tiny = tiny_model_factory(quant="Q8_0", arch="qwen2", kv_heads=2)
+    model = build_model(load_checkpoint(tiny.gguf_path), CpuBackend(kernels="int8"))
     _assert_one_call_matches_op_by_op(model)
 
 
@@ -101,7 +109,6 @@ def test_families_with_the_plain_block_decode_a_row_in_one_call(family: str) -> 
         ("Q8_0", "llama", "exact"),  # float32 accumulation: its own kernels, op by op
         ("Q8_0", "llama", "blas"),
         ("F32", "llama", "int8"),  # float rows have no int8 kernels
-        ("Q8_0", "qwen2", "int8"),  # q/k/v biases
     ],
 )
 def test_other_modes_and_layers_keep_the_op_by_op_path(tiny_model_factory, quant, arch, mode) -> None:

@@ -104,8 +104,8 @@ class CompileReport:
 
 @dataclass(frozen=True)
 class RowLayer:
-    """One Llama-style decoder layer's weights (RMSNorm before attention and before the MLP, nothing
-    else around them), as a backend's `row_decoder` takes them."""
+    """One dense decoder layer's weights as a backend's `row_decoder` takes them (None: the layer has
+    no such norm or bias)."""
 
     attn_norm: Any
     qkv: Any
@@ -113,6 +113,12 @@ class RowLayer:
     mlp_norm: Any
     gate_up: Any
     down: Any
+    qkv_bias: Any = None
+    q_norm: Any = None
+    """Per head ([head_dim]) or over the whole q projection ([heads * head_dim])."""
+    k_norm: Any = None
+    post_attn_norm: Any = None
+    post_mlp_norm: Any = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,13 @@ class RowShape:
     """GeGLU (True) or SwiGLU (False)."""
     rope_of: tuple[int, ...]
     """Each layer's kind of RoPE rotations (an index into the rotations `run` is handed)."""
+    sliding: tuple[bool, ...]
+    """Each layer: attends within `window` (True) or to every position."""
+    window: int | None = None
+    softcap: float | None = None
+    """Attention scores' soft cap."""
+    residual_multiplier: float | None = None
+    """What each branch's output is multiplied by before it is added to the residual stream."""
 
 
 class RowDecoder(Protocol):
@@ -302,7 +315,7 @@ class Backend(Protocol):
         ...
 
     def row_decoder(self, layers: Sequence[RowLayer], shape: RowShape) -> RowDecoder | None:
-        """Llama-style `layers` packed to run one decode row in one call (`RowDecoder.run`), or None
+        """Dense decoder `layers` packed to run one decode row in one call (`RowDecoder.run`), or None
         when the backend has no such path for them."""
         ...
 

@@ -398,7 +398,7 @@ class CpuBackend(cpu_setup.CpuSetup):
         return out
 
     def row_decoder(self, layers: Sequence[RowLayer], shape: RowShape) -> RowDecoder | None:
-        """In the `int8` mode, Llama-style layers whose matrices are all block types with int8 kernels
+        """In the `int8` mode, dense decoder layers whose matrices are all block types with int8 kernels
         (cpu_kernels/decode_row.py: Q4_0, Q4_1, Q8_0, Q5_0, Q4_K, Q5_K, Q6_K) packed to run one decode
         row in one compiled call, the same kernels on the same data as op by op; None otherwise."""
         if self._quantize is None:
@@ -425,21 +425,32 @@ class CpuBackend(cpu_setup.CpuSetup):
         packed = []
         for layer in layers:
             roles = [parts(w) for w in (layer.qkv, layer.out, layer.gate_up, layer.down)]
-            norms = (layer.attn_norm, layer.mlp_norm)
-            if any(r is None for r in roles) or not all(isinstance(n, DenseWeight) for n in norms):
+            if any(r is None for r in roles):
                 return None
             packed.append(roles)
-        return _CpuRowDecoder(
-            decode_row.DecodeLayers(
-                packed,  # type: ignore[arg-type]
-                np.stack([layer.attn_norm.data for layer in layers]),
-                np.stack([layer.mlp_norm.data for layer in layers]),
-                np.asarray(shape.rope_of, dtype=np.int64),
-                (shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate),
-                shape.eps,
-                shape.gelu,
-            )
+        vectors = []
+        for name in decode_row.NORMS:
+            weights = [getattr(layer, name) for layer in layers]
+            if all(w is None for w in weights):
+                vectors.append(np.zeros((len(layers), 0), np.float32))
+            elif all(isinstance(w, DenseWeight) for w in weights):
+                vectors.append(np.stack([w.data for w in weights]))  # type: ignore[union-attr]
+            else:
+                return None
+        settings = decode_row.RowSettings(
+            shape.heads,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.intermediate,
+            shape.eps,
+            shape.gelu,
+            shape.rope_of,
+            shape.sliding,
+            shape.window,
+            shape.softcap,
+            shape.residual_multiplier,
         )
+        return _CpuRowDecoder(decode_row.DecodeLayers(packed, vectors, settings))  # type: ignore[arg-type]
 
     def asarray(self, host: np.ndarray) -> np.ndarray:
         """Host data is already where the cpu backend computes."""

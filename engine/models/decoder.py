@@ -558,34 +558,34 @@ class DecoderStack(DecoderModel):
         self._sliding_layers = tuple(i for i, layer in enumerate(self.layers) if layer.sliding)
         multiplier = config.embedding_multiplier
         self._embed_scale = None if multiplier is None else np.float32(multiplier)
-        self._row_decoder = self._plain_row_decoder()
+        self._row_decoder = self._one_call_row_decoder()
 
-    def _plain_row_decoder(self) -> RowDecoder | None:
-        """The backend's one-call path for a decode row (Backend.row_decoder) when every layer is the
-        plain Llama block: RMSNorm before attention and before a dense gated MLP, no biases, q/k norms,
-        post-norms, multipliers, soft-capping or sliding windows. None otherwise, or where the backend
-        has no such path: a one-row batch then runs op by op like any other."""
+    def _one_call_row_decoder(self) -> RowDecoder | None:
+        """The backend's one-call path for a decode row (Backend.row_decoder) when every layer is dense
+        (this block's gated MLP, no experts); None otherwise, or where the backend has no such path for
+        the layers' weights: a one-row batch then runs op by op like any other."""
         c = self.config
-        if (
-            type(self)._mlp is not DecoderStack._mlp
-            or c.residual_multiplier is not None
-            or c.attn_logit_softcapping is not None
-            or self._sliding_layers
+        if type(self)._mlp is not DecoderStack._mlp or any(
+            layer.gate_up is None or layer.down is None or layer.experts is not None for layer in self.layers
         ):
             return None
-        for layer in self.layers:
-            if (
-                layer.attn_norm is None
-                or layer.mlp_norm is None
-                or layer.gate_up is None
-                or layer.down is None
-                or layer.experts is not None
-                or any(w is not None for w in (layer.qkv_bias, layer.q_norm, layer.k_norm))
-                or any(w is not None for w in (layer.post_attn_norm, layer.post_mlp_norm))
-            ):
-                return None
         return self.backend.row_decoder(
-            [RowLayer(w.attn_norm, w.qkv, w.out, w.mlp_norm, w.gate_up, w.down) for w in self.layers],
+            [
+                RowLayer(
+                    w.attn_norm,
+                    w.qkv,
+                    w.out,
+                    w.mlp_norm,
+                    w.gate_up,
+                    w.down,
+                    qkv_bias=w.qkv_bias,
+                    q_norm=w.q_norm,
+                    k_norm=w.k_norm,
+                    post_attn_norm=w.post_attn_norm,
+                    post_mlp_norm=w.post_mlp_norm,
+                )
+                for w in self.layers
+            ],
             RowShape(
                 heads=c.num_attention_heads,
                 kv_heads=c.num_key_value_heads,
@@ -594,6 +594,10 @@ class DecoderStack(DecoderModel):
                 eps=c.rms_norm_eps,
                 gelu=c.activation != "silu",
                 rope_of=tuple(layer.rope for layer in self.layers),
+                sliding=tuple(layer.sliding for layer in self.layers),
+                window=c.sliding_window,
+                softcap=c.attn_logit_softcapping,
+                residual_multiplier=c.residual_multiplier,
             ),
         )
 

@@ -1,13 +1,15 @@
-"""One decode row through every layer of a Llama-style decoder in one compiled call (the `int8` mode).
+"""One decode row through every layer of a dense decoder in one compiled call (the `int8` mode).
 
 A batch-1 decode step of the 135M default model makes about 330 backend calls (120 of them matrix
 products), each a trip from Python through numba's dispatcher plus the numpy glue around it; together
 that was a quarter of the step (7.3 ms a forward on the Zen 3 VM, 5.8 ms with the layers in one call).
-`decode_layers` runs the same kernels in the same order on the same data from compiled code: the
-RMSNorm (`rowops._rms_norm_serial`), each product's activation quantization and int8 kernel, RoPE, the
-KV write, row attention (`attention.window_row_attention`), SwiGLU/GeGLU and the residual adds. So a
-row's bits are those the op-by-op path gives it, alone or batched (tests/test_decode_row.py compares
-them on every type it takes).
+`_decode_layers` runs the same kernels in the same order on the same data from compiled code: the
+RMSNorms (`rowops._rms_norm_serial`: before and after each branch, of q and k per head or over the
+projection, as a family has them), each product's activation quantization and int8 kernel, the qkv
+bias, RoPE, the KV write, row attention (`attention.window_row_attention`, with a family's soft cap and
+sliding window), SwiGLU/GeGLU, the residual multiplier and adds. So a row's bits are those the
+op-by-op path gives it, alone or batched (tests/test_decode_row.py compares them on every type it
+takes and on every family's reference model).
 
 The matrix kernels are reached through first-class function values (numba's FunctionType, typed by
 signature): the legacy types' int8 kernels on the host's path and the K-quants' row kernel. Linking
@@ -15,7 +17,7 @@ them statically would compile every type's kernels on every path into this funct
 Zen 3 VM) for a model that reads one or two types; through a function value only the types a model
 has compile, and the compiled function caches (its signature names no particular kernel).
 
-numba's cache tracks only this file for `decode_layers`, which links rowops.py, attention.py and
+numba's cache tracks only this file for `_decode_layers`, which links rowops.py, attention.py and
 activations.py statically: after editing those, touch this file.
 """
 
@@ -98,15 +100,44 @@ def _product(x, role, part_starts, blocks, codes, columns, out, legacy, kquant, 
             out[0, columns[p] : columns[p] + target.shape[1]] = target[0]
 
 
+@njit(inline="always", cache=True)
+def _normed(x, weights, layer, eps, out):
+    """x RMS-normalised by row `layer` of `weights` into out, or x itself where the model has no such
+    norm (`weights` zero wide)."""
+    if weights.shape[1] == 0:
+        return x
+    _rms_norm_serial(x, weights[layer], eps, out)
+    return out
+
+
+@njit(inline="always", cache=True)
+def _add_branch(hidden, branch, norms, layer, eps, multiplier, normed):
+    """hidden += the branch as the residual stream takes it: its post-norm, its multiplier."""
+    out = _normed(branch, norms, layer, eps, normed)
+    if multiplier.shape[0]:
+        out = out * multiplier[0]
+    hidden += out
+
+
+@njit(inline="always", cache=True)
+def _norm_rows(width, norm_width):
+    """Where a q or k projection `width` wide is normalised: rows of `norm_width` (a head, or the
+    whole projection); a placeholder where the model has no such norm."""
+    if norm_width == 0:
+        return np.empty((1, 1), np.float32)
+    return np.empty((width // norm_width, norm_width), np.float32)
+
+
 def _decode_layers(
     hidden,
-    attn_norms,
-    mlp_norms,
+    norms,
+    multiplier,
     blocks,
     codes,
     columns,
     part_starts,
     rope_of,
+    sliding,
     q_rots,
     k_rots,
     keys,
@@ -114,20 +145,30 @@ def _decode_layers(
     slot,
     position,
     eps,
+    softcap,
     shape,
-    gelu,
     legacy,
     kquant,
     path,
 ):
     """Every layer for one row: hidden [1, width] (the embedding in, the residual stream out) is updated
     in place; the row's keys and values land at (slot, position) of keys, values [layers, slots, kv_heads,
-    capacity, head_dim]. shape = (heads, kv_heads, head_dim, intermediate)."""
-    heads, kv_heads, head_dim, inter = shape[0], shape[1], shape[2], shape[3]
+    capacity, head_dim].
+
+    norms: float32 [layers, n] each, n = 0 where the model has none: the pre-attention, pre-MLP,
+    post-attention and post-MLP RMSNorms (width), the q and k norms (head_dim: per head, or the
+    projection's width: over all of it) and the qkv bias. multiplier: the residual multiplier, or
+    empty. sliding: 1 for a layer that attends within the window. softcap: attention scores' soft cap,
+    0 for none. shape = (heads, kv_heads, head_dim, intermediate, window or 0, 1 for GeGLU)."""
+    attn_norms, mlp_norms, post_attn_norms, post_mlp_norms, q_norms, k_norms, biases = norms
+    heads, kv_heads, head_dim, inter, window, gelu = shape
     q_width, kv_width = heads * head_dim, kv_heads * head_dim
     width = hidden.shape[1]
     x = np.empty((1, width), np.float32)
+    normed = np.empty((1, width), np.float32)
     qkv = np.empty((1, q_width + 2 * kv_width), np.float32)
+    q_normed = _norm_rows(q_width, q_norms.shape[1])
+    k_normed = _norm_rows(kv_width, k_norms.shape[1])
     branch = np.empty((1, width), np.float32)
     gate_up = np.empty((1, 2 * inter), np.float32)
     gated = np.empty((1, inter), np.float32)
@@ -137,63 +178,66 @@ def _decode_layers(
     first = np.zeros(1, np.int64)
     visible = np.full(1, position + 1, np.int64)
     positions = np.full(1, position, np.int64)
-    for layer in range(attn_norms.shape[0]):
+    for layer in range(rope_of.shape[0]):
         role = ROLES * layer
-        _rms_norm_serial(hidden, attn_norms[layer], eps, x)
-        _product(x, role, part_starts, blocks, codes, columns, qkv, legacy, kquant, path)
-        q = qkv[:, :q_width].copy().reshape(1, heads, head_dim)
-        k = qkv[:, q_width : q_width + kv_width].copy().reshape(1, kv_heads, head_dim)
+        source = _normed(hidden, attn_norms, layer, eps, x)
+        _product(source, role, part_starts, blocks, codes, columns, qkv, legacy, kquant, path)
+        if biases.shape[1]:
+            qkv += biases[layer : layer + 1]
+        q_flat = qkv[:, :q_width].copy()
+        k_flat = qkv[:, q_width : q_width + kv_width].copy()
         v = qkv[:, q_width + kv_width :].copy().reshape(1, kv_heads, head_dim)
+        if q_norms.shape[1]:  # per head (rows of head_dim) or over the whole projection (one row)
+            q_flat = _normed(q_flat.reshape(q_normed.shape), q_norms, layer, eps, q_normed).reshape(
+                1, q_width
+            )
+            k_flat = _normed(k_flat.reshape(k_normed.shape), k_norms, layer, eps, k_normed).reshape(
+                1, kv_width
+            )
+        q = q_flat.copy().reshape(1, heads, head_dim)
+        k = k_flat.copy().reshape(1, kv_heads, head_dim)
         kind = rope_of[layer]
         rope_rows(q, q_rots[kind : kind + 1])
         rope_rows(k, k_rots[kind : kind + 1])
         write_kv_rows(keys, values, layer, slots, positions, k, v)
-        window_row_attention(q, keys[layer], values[layer], rows, slots, first, visible, attended, 0.0)
-        _product(
-            attended.reshape(1, q_width),
-            role + 1,
-            part_starts,
-            blocks,
-            codes,
-            columns,
-            branch,
-            legacy,
-            kquant,
-            path,
-        )
-        hidden += branch
-        _rms_norm_serial(hidden, mlp_norms[layer], eps, x)
-        _product(x, role + 2, part_starts, blocks, codes, columns, gate_up, legacy, kquant, path)
-        _gated_serial(gate_up, inter, gated, gelu)
+        first[0] = max(position + 1 - window, 0) if sliding[layer] else 0
+        window_row_attention(q, keys[layer], values[layer], rows, slots, first, visible, attended, softcap)
+        heads_out = attended.reshape(1, q_width)
+        _product(heads_out, role + 1, part_starts, blocks, codes, columns, branch, legacy, kquant, path)
+        _add_branch(hidden, branch, post_attn_norms, layer, eps, multiplier, normed)
+        source = _normed(hidden, mlp_norms, layer, eps, x)
+        _product(source, role + 2, part_starts, blocks, codes, columns, gate_up, legacy, kquant, path)
+        _gated_serial(gate_up, inter, gated, gelu == 1)
         _product(gated, role + 3, part_starts, blocks, codes, columns, branch, legacy, kquant, path)
-        hidden += branch
+        _add_branch(hidden, branch, post_mlp_norms, layer, eps, multiplier, normed)
 
 
 def _signature(cache_element: types.Type) -> types.Type:
-    c1 = types.Array(types.int64, 1, "C")
+    ints = types.Array(types.int64, 1, "C")
     rotations = types.Array(types.complex64, 2, "C")
     cache = types.Array(cache_element, 5, "C")
     return types.void(
-        _F32,
-        _F32,
-        _F32,
+        _F32,  # hidden
+        types.UniTuple(_F32, 7),  # norms and bias
+        types.Array(types.float32, 1, "C"),  # multiplier
         types.ListType(BLOCKS),
-        c1,
-        c1,
-        c1,
-        c1,
+        ints,  # codes
+        ints,  # columns
+        ints,  # part_starts
+        ints,  # rope_of
+        ints,  # sliding
         rotations,
         rotations,
         cache,
         cache,
-        types.int64,
-        types.int64,
-        types.float32,
-        types.UniTuple(types.int64, 4),
-        types.boolean,
+        types.int64,  # slot
+        types.int64,  # position
+        types.float32,  # eps
+        types.float64,  # softcap
+        types.UniTuple(types.int64, 6),  # shape
         types.ListType(LEGACY_PRODUCT),
         types.ListType(KQUANT_PRODUCT),
-        types.int64,
+        types.int64,  # path
     )
 
 
@@ -214,7 +258,7 @@ def _compiled(cache_dtype: str) -> Callable[..., None]:
         return njit(_signature(element), cache=True)(_decode_layers)
 
 
-# The lists `decode_layers` reads are made and filled by compiled functions, which numba caches: typed.List
+# The lists `_decode_layers` reads are made and filled by compiled functions, which numba caches: typed.List
 # from Python compiles its methods for each element type in every process (2.4 s of start-up for these).
 @njit(cache=True)
 def _blocks_list():
@@ -282,25 +326,44 @@ class MatrixPart:
 
 
 def part_code(matmul_int8: Callable[..., None] | None) -> int | None:
-    """The code `decode_layers` runs a part with, from its type's int8 matmul; None for a kernel it
+    """The code `_decode_layers` runs a part with, from its type's int8 matmul; None for a kernel it
     does not run (then the model keeps the op-by-op path)."""
     return None if matmul_int8 is None else _kernel_codes().get(matmul_int8)
 
 
+NORMS = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "qkv_bias")
+"""The per-layer vectors `DecodeLayers` takes, in the order `_decode_layers` reads them."""
+
+
+@dataclass(frozen=True)
+class RowSettings:
+    """What `_decode_layers` needs of a model besides its layers' weights."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    gelu: bool
+    rope_of: Sequence[int]
+    sliding: Sequence[bool]
+    window: int | None
+    softcap: float | None
+    residual_multiplier: float | None
+
+
 class DecodeLayers:
-    """A model's layers packed for `decode_layers`: each role's parts in order, each part's type code,
-    the norms stacked, and the kernels as function values."""
+    """A model's layers packed for `_decode_layers`: each role's parts in order, each part's type code,
+    the per-layer vectors stacked, and the kernels as function values."""
 
     def __init__(
         self,
         layers: Sequence[Sequence[Sequence[MatrixPart]]],
-        attn_norms: np.ndarray,
-        mlp_norms: np.ndarray,
-        rope_of: np.ndarray,
-        shape: tuple[int, int, int, int],
-        eps: float,
-        gelu: bool,
+        vectors: Sequence[np.ndarray],
+        settings: RowSettings,
     ) -> None:
+        """`layers`: each layer's four roles (qkv, out, gate_up, down), each a list of parts; `vectors`:
+        NORMS in order, each float32 [layers, n] (n = 0 for one the model has not)."""
         codes_of = _kernel_codes()
         parts = [part for roles in layers for role in roles for part in role]
         starts = [0]
@@ -313,12 +376,16 @@ class DecodeLayers:
         self._codes = np.array([codes_of[part.matmul_int8] for part in parts], dtype=np.int64)
         self._columns = np.array([part.column for part in parts], dtype=np.int64)
         self._part_starts = np.array(starts, dtype=np.int64)
-        self._attn_norms = np.ascontiguousarray(attn_norms, dtype=np.float32)
-        self._mlp_norms = np.ascontiguousarray(mlp_norms, dtype=np.float32)
-        self._rope_of = np.ascontiguousarray(rope_of, dtype=np.int64)
-        self._shape = tuple(int(n) for n in shape)
-        self._eps = np.float32(eps)
-        self._gelu = bool(gelu)
+        self._vectors = tuple(np.ascontiguousarray(v, dtype=np.float32) for v in vectors)
+        s = settings
+        self._multiplier = np.array(
+            [] if s.residual_multiplier is None else [s.residual_multiplier], np.float32
+        )
+        self._rope_of = np.asarray(s.rope_of, dtype=np.int64)
+        self._sliding = np.asarray(s.sliding, dtype=np.int64)
+        self._eps = np.float32(s.eps)
+        self._softcap = float(s.softcap or 0.0)
+        self._shape = (s.heads, s.kv_heads, s.head_dim, s.intermediate, s.window or 0, int(s.gelu))
         # The kernels as function values, converted once here (converting them on each call cost
         # ~0.1 ms a kernel): a list a legacy type's slot, and one for the K-quants' row kernel.
         used = set(self._codes.tolist())
@@ -347,13 +414,14 @@ class DecodeLayers:
         compiled = _compiled("float32" if keys.dtype == np.float32 else "float16")
         compiled(
             hidden,
-            self._attn_norms,
-            self._mlp_norms,
+            self._vectors,
+            self._multiplier,
             self._blocks,
             self._codes,
             self._columns,
             self._part_starts,
             self._rope_of,
+            self._sliding,
             q_rots,
             k_rots,
             keys,
@@ -361,8 +429,8 @@ class DecodeLayers:
             slot,
             position,
             self._eps,
+            self._softcap,
             self._shape,
-            self._gelu,
             self._legacy,
             self._kquant,
             kquants_int8.INT8_PATH,
