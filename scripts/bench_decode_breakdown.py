@@ -7,8 +7,9 @@ Runs greedy (or --temp) generations of --tokens tokens after a warm-up, first pl
 every backend op and engine stage timed (the timers add ~0.3 us per call). Times are per token; an op's
 share is of the timed run's token. Quote it beside the load average: other work on the machine inflates
 the multi-threaded kernels most.
-In the `int8` mode a decode row's layers run in one compiled call (Backend.row_decoder): the table shows it
-as "layers in one call", and the backend ops it covers do not appear.
+In the `int8` mode a decode row's layers run in one compiled call (Backend.row_decoder): first the token
+time with it against op by op (alternating runs), then the table shows it as "layers in one call", and
+the backend ops it covers do not appear.
 Then, in the kernel modes, what a step's matrix calls cost beyond their arithmetic: numba's launch of a
 parallel region (an empty prange) against a serial call, and the step's matrix products back to back (no
 model code between them), one call per matrix as decode makes them, against the same kernels on the same
@@ -96,11 +97,25 @@ def main() -> None:
 
     per_token()
     plain = [per_token() for _ in range(args.runs)]
+    model = engine.model
+    row_decoder = getattr(model, "_row_decoder", None)
+    if row_decoder is not None:  # the same tokens op by op, alternating with the one-call runs
+        one_call, op_by_op = [], []
+        for _ in range(args.runs):
+            model._row_decoder = None
+            op_by_op.append(per_token())
+            model._row_decoder = row_decoder
+            one_call.append(per_token())
+        print(
+            f"a decode row's layers in one call: {statistics.median(one_call) * 1e3:.3f} ms/token against "
+            f"{statistics.median(op_by_op) * 1e3:.3f} op by op "
+            f"({statistics.median(op_by_op) / statistics.median(one_call):.2f}x; alternating, medians of "
+            f"{args.runs})"
+        )
     timers = Timers()
     for name in BACKEND_OPS:
         timers.wrap(engine.model.backend, name, name)
     ops_timed = BACKEND_OPS
-    row_decoder = getattr(engine.model, "_row_decoder", None)
     if row_decoder is not None:  # a decode row's layers run in one call (Backend.row_decoder)
         timers.wrap(row_decoder, "run", ROW_DECODER)
         ops_timed = (*BACKEND_OPS, ROW_DECODER)

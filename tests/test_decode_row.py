@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from synthetic_gemma3 import write_tiny_gemma3
 
 from infer.engine.backends.cpu import CpuBackend
 from infer.engine.batch import ForwardBatch, Segment
@@ -94,6 +95,16 @@ def test_families_with_the_plain_block_decode_a_row_in_one_call(family: str) -> 
     if family in OP_BY_OP_FAMILIES:
         assert model._row_decoder is None
         return
+    _assert_one_call_matches_op_by_op(model)
+
+
+def test_gemma3_in_one_call(tmp_path) -> None:
+    """Two kinds of RoPE (sliding layers' own base), q/k norms per head, sandwich norms, GeGLU and a
+    window of 5 that the decoded positions run past (the final soft cap runs after the layers; gemma2's
+    reference model soft-caps attention scores)."""
+    tiny = write_tiny_gemma3(tmp_path, softcap=20.0)
+    model = build_model(load_checkpoint(tiny.gguf_path), CpuBackend(kernels="int8"))
+    assert model._sliding_layers and len(model._rope_tables) == 2
     _assert_one_call_matches_op_by_op(model)
 
 
