@@ -437,20 +437,7 @@ class CpuBackend(cpu_setup.CpuSetup):
                 vectors.append(np.stack([w.data for w in weights]))  # type: ignore[union-attr]
             else:
                 return None
-        settings = decode_row.RowSettings(
-            shape.heads,
-            shape.kv_heads,
-            shape.head_dim,
-            shape.intermediate,
-            shape.eps,
-            shape.gelu,
-            shape.rope_of,
-            shape.sliding,
-            shape.window,
-            shape.softcap,
-            shape.residual_multiplier,
-        )
-        return _CpuRowDecoder(decode_row.DecodeLayers(packed, vectors, settings))  # type: ignore[arg-type]
+        return _CpuRowDecoder(decode_row.DecodeLayers(packed, vectors, shape))  # type: ignore[arg-type]
 
     def asarray(self, host: np.ndarray) -> np.ndarray:
         """Host data is already where the cpu backend computes."""

@@ -34,6 +34,8 @@ import numpy as np
 from numba import njit, typed, types
 from numba.core.errors import NumbaExperimentalFeatureWarning
 
+from infer.engine.backends.base import RowShape
+
 from . import kquants_int8, legacy_int8
 from .activations import _quantize, _quantize_k
 from .attention import window_row_attention
@@ -335,23 +337,6 @@ NORMS = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "
 """The per-layer vectors `DecodeLayers` takes, in the order `_decode_layers` reads them."""
 
 
-@dataclass(frozen=True)
-class RowSettings:
-    """What `_decode_layers` needs of a model besides its layers' weights."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    eps: float
-    gelu: bool
-    rope_of: Sequence[int]
-    sliding: Sequence[bool]
-    window: int | None
-    softcap: float | None
-    residual_multiplier: float | None
-
-
 class DecodeLayers:
     """A model's layers packed for `_decode_layers`: each role's parts in order, each part's type code,
     the per-layer vectors stacked, and the kernels as function values."""
@@ -360,10 +345,11 @@ class DecodeLayers:
         self,
         layers: Sequence[Sequence[Sequence[MatrixPart]]],
         vectors: Sequence[np.ndarray],
-        settings: RowSettings,
+        shape: RowShape,
     ) -> None:
         """`layers`: each layer's four roles (qkv, out, gate_up, down), each a list of parts; `vectors`:
-        NORMS in order, each float32 [layers, n] (n = 0 for one the model has not)."""
+        NORMS in order, each float32 [layers, n] (n = 0 for one the model has not); `shape`: the rest
+        of what the layers compute (the model's RowShape)."""
         codes_of = _kernel_codes()
         parts = [part for roles in layers for role in roles for part in role]
         starts = [0]
@@ -377,7 +363,7 @@ class DecodeLayers:
         self._columns = np.array([part.column for part in parts], dtype=np.int64)
         self._part_starts = np.array(starts, dtype=np.int64)
         self._vectors = tuple(np.ascontiguousarray(v, dtype=np.float32) for v in vectors)
-        s = settings
+        s = shape
         self._multiplier = np.array(
             [] if s.residual_multiplier is None else [s.residual_multiplier], np.float32
         )
