@@ -196,8 +196,8 @@ def _decode_layers(
             k_flat = _normed(k_flat.reshape(k_normed.shape), k_norms, layer, eps, k_normed).reshape(
                 1, kv_width
             )
-        q = q_flat.copy().reshape(1, heads, head_dim)
-        k = k_flat.copy().reshape(1, kv_heads, head_dim)
+        q = q_flat.reshape(1, heads, head_dim)  # its own array: rope_rows rotates it in place
+        k = k_flat.reshape(1, kv_heads, head_dim)
         kind = rope_of[layer]
         rope_rows(q, q_rots[kind : kind + 1])
         rope_rows(k, k_rots[kind : kind + 1])
@@ -306,6 +306,7 @@ def _list_makers() -> _ListMakers:
         )
 
 
+@functools.cache
 def _kernel_codes() -> dict[Callable[..., None], int]:
     """The public int8 matmul of each type this module runs, to its code."""
     legacy = (
