@@ -4,6 +4,7 @@ naming the field, so no list's length reaches the chain, the step loop or the ch
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +23,19 @@ from infer.engine.sampling.list_caps import MAX_DRY_BREAKER_CHARS, MAX_DRY_BREAK
 USER = [{"role": "user", "content": "hi"}]
 
 
+def fastest_of_three(attempt: Callable[[], object], error: type[Exception]) -> float:
+    """The shortest of three timed runs of `attempt` (each must raise `error`): a bound on the work a refusal
+    does, which one pause of a shared CI machine (a GC pass, the other test worker compiling) cannot
+    fail the way it failed a single timed run."""
+    times = []
+    for _ in range(3):
+        started = time.monotonic()
+        with pytest.raises(error):
+            attempt()
+        times.append(time.monotonic() - started)
+    return min(times)
+
+
 @pytest.mark.parametrize(
     ("fields", "parameter"),
     [
@@ -34,10 +48,9 @@ USER = [{"role": "user", "content": "hi"}]
     ],
 )
 def test_sampler_lists_past_their_cap_are_refused_fast(fields: dict, parameter: str) -> None:
-    started = time.monotonic()
+    assert fastest_of_three(lambda: SamplingParams(**fields), SamplingParamsError) < 0.5
     with pytest.raises(SamplingParamsError) as info:
         SamplingParams(**fields)
-    assert time.monotonic() - started < 0.5
     assert info.value.parameter == parameter
     assert "at most" in str(info.value) and len(str(info.value)) < 300
 
@@ -101,10 +114,9 @@ def test_breaker_tokens_are_the_tokens_whose_text_holds_a_breaker(
     ],
 )
 def test_api_lists_past_their_cap_fail_validation(model: type, body: dict, parameter: str) -> None:
-    started = time.monotonic()
+    assert fastest_of_three(lambda: model.model_validate(body), ValidationError) < 1.0
     with pytest.raises(ValidationError) as info:
         model.model_validate(body)
-    assert time.monotonic() - started < 1.0
     too_long = [e for e in info.value.errors() if str(e["type"]).endswith("too_long")]
     assert too_long and str(too_long[0]["loc"][0]) == parameter.split(".")[0], info.value.errors()[:3]
 
