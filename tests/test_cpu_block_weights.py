@@ -112,19 +112,31 @@ def test_types_without_kernels_come_as_floats(tiny_model_factory) -> None:
     backend = CpuBackend(kernels="exact", kernel_table={"Q8_0": reference_kernels("Q8_0", [])})
     built = build_model(load_checkpoint(model.gguf_path), backend)
     assert isinstance(built.layers[0].qkv, DenseWeight)
+    assert built.float_copies == {"Q4_0"}  # what the CLI's notice names
     assert backend.block_formats == frozenset({"Q8_0"})
     assert CpuBackend(kernels="blas").block_formats == frozenset()
 
 
-def test_a_type_without_kernels_runs_as_floats_with_a_notice(tiny_model_factory) -> None:
+def test_every_type_the_loader_accepts_runs_from_its_blocks(tiny_model_factory) -> None:
+    """No GGUF type the loader takes becomes a float32 copy on the cpu backend: each has kernels (the
+    quantized ones an int8 kernel too), and a Q5_1 model (the last legacy type to get them) generates
+    without the float-copy notice, the same text from its blocks in `exact` as through BLAS's float copy
+    in `blas` at temperature 0."""
+    from infer.engine.backends.cpu_kernels import KERNELS
+    from infer.engine.loader.gguf import SUPPORTED_TYPES
+
+    for qtype in SUPPORTED_TYPES:
+        kernels = KERNELS[qtype.name]
+        assert (kernels.matmul_int8 is not None) == (qtype.name not in ("F32", "F16", "BF16")), qtype.name
     model = tiny_model_factory(quant="Q5_1")
-    result = infer_cli("generate", "hello", "--raw", "--temp", "0", "-n", "2", "-m", str(model.gguf_path))
-    assert result.returncode == 0, result.stderr
-    assert "infer: no int8 CPU kernel for Q5_1 matrices: they run as float32 copies" in result.stderr
-    quiet = infer_cli("generate", "hello", "--raw", "--temp", "0", "-n", "2", "-m", str(model.gguf_path),
-                      "--cpu-kernels", "blas")  # fmt: skip
-    assert quiet.returncode == 0 and "CPU kernel" not in quiet.stderr
-    assert quiet.stdout == result.stdout
+    built = build_model(load_checkpoint(model.gguf_path), CpuBackend(kernels="int8"))
+    assert isinstance(built.layers[0].qkv, BlockWeight) and not built.float_copies
+    args = ("generate", "hello", "--raw", "--temp", "0", "-n", "2", "-m", str(model.gguf_path))
+    exact = infer_cli(*args, "--cpu-kernels", "exact")
+    assert exact.returncode == 0, exact.stderr
+    assert "float32 copies" not in exact.stderr
+    blas = infer_cli(*args, "--cpu-kernels", "blas")
+    assert blas.returncode == 0 and blas.stdout == exact.stdout
 
 
 def test_unknown_kernel_mode_is_refused() -> None:

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.xdist_group("cpu_kernels")
 
 pytest_plugins = ["conftest_synthetic"]  # tiny_gguf
 
-TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "F16", "BF16", "F32")
-INT8_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0")
+TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "F16", "BF16", "F32")
+INT8_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1")
 ROWS, COLS = 67, 192  # odd row count (uneven split over threads), 6 blocks of 32
 
 
@@ -215,7 +215,9 @@ def test_every_int8_path_gives_the_same_bits_and_passes_precision(type_name, wei
     """Run each int8 path explicitly (vpdpbusd, vpmaddubsw, portable widening) even where a better one
     exists; a path the host lacks compiles as portable, so it must still agree."""
     blocks = weights[type_name]
-    kernel = getattr(legacy, f"{type_name.lower()}_matmul_int8_path")
+    def kernel(*args):
+        legacy.matmul_int8_path(type_name, *args)
+
     ref_weights = dequantized(type_name, blocks).astype(np.float64)
     rng = np.random.default_rng(6)
     for batch in (1, 3, 4, 6, 9, 16):  # every remainder of the groups of 4
@@ -320,7 +322,9 @@ def test_int8_odd_block_counts_and_row_groups(type_name, cols) -> None:
     rng = np.random.default_rng(9)
     blocks = make_blocks(type_name, 21, cols, rng)
     ref_weights = dequantized(type_name, blocks).astype(np.float64)
-    kernel = getattr(legacy, f"{type_name.lower()}_matmul_int8_path")
+    def kernel(*args):
+        legacy.matmul_int8_path(type_name, *args)
+
     pool = activations(16, cols, rng)
     xq_pool, xs_pool = quantize_activations(pool)
     for path in (simd_int8.PORTABLE, simd_int8.AVX2, simd_int8.VNNI):

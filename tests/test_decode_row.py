@@ -72,6 +72,7 @@ def _assert_one_call_matches_op_by_op(model, kv_dtype: str = "f32", steps: int =
         ("Q4_1", None, "f32"),
         ("Q8_0", None, "f16"),
         ("Q5_0", None, "f32"),
+        ("Q5_1", None, "f16"),
         ("Q4_K", None, "f32"),
         ("Q5_K", None, "f32"),
         ("Q6_K", None, "f16"),

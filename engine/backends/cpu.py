@@ -399,7 +399,7 @@ class CpuBackend(cpu_setup.CpuSetup):
 
     def row_decoder(self, layers: Sequence[RowLayer], shape: RowShape) -> RowDecoder | None:
         """In the `int8` mode, dense decoder layers whose matrices are all block types with int8 kernels
-        (cpu_kernels/decode_row.py: Q4_0, Q4_1, Q8_0, Q5_0, Q4_K, Q5_K, Q6_K) packed to run one decode
+        (cpu_kernels/decode_row.py: Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) packed to run one decode
         row in one compiled call, the same kernels on the same data as op by op; None otherwise."""
         if self._quantize is None:
             return None

@@ -17,7 +17,7 @@ from typing import Any
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
 
 _MODULES: tuple[tuple[str, str], ...] = (
-    ("legacy", "LEGACY_KERNELS"),  # Q4_0, Q4_1, Q8_0, Q5_0
+    ("legacy", "LEGACY_KERNELS"),  # Q4_0, Q4_1, Q8_0, Q5_0, Q5_1
     ("floats", "FLOAT_KERNELS"),  # F32, F16, BF16
     ("kquants_int8", "KQUANT_KERNELS"),  # Q4_K, Q5_K, Q6_K (kquants.py, integer int8 matmuls)
 )

@@ -50,10 +50,10 @@ LEGACY_PRODUCT = types.FunctionType(types.void(BLOCKS, _I8, _F32, _F32))
 KQUANT_PRODUCT = types.FunctionType(types.void(BLOCKS, _I8, _F32, _I32, _F32, types.int64, types.int64))
 """The K-quants' int8 row kernel (blocks, xq, xd, xb, out, kind, path): kquants_int8._int8_matmul."""
 
-LEGACY_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0")
-"""Codes 0-3 of a matrix part: these types' int8 kernels, activations quantized per 32 (Q8_0)."""
+LEGACY_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1")
+"""Codes 0-4 of a matrix part: these types' int8 kernels, activations quantized per 32 (Q8_0)."""
 KQUANT_TYPES = ("Q4_K", "Q5_K", "Q6_K")
-"""Codes 4-6: these, activations quantized per 256 (Q8_K)."""
+"""Codes 5-7: these, activations quantized per 256 (Q8_K)."""
 
 ROLES = 4
 """A layer's products in order: qkv, out, gate_up, down."""
@@ -314,6 +314,7 @@ def _kernel_codes() -> dict[Callable[..., None], int]:
         legacy_int8.q4_1_matmul_int8,
         legacy_int8.q8_0_matmul_int8,
         legacy_int8.q5_0_matmul_int8,
+        legacy_int8.q5_1_matmul_int8,
     )
     kquant = (kquants_int8.q4_k_matmul_int8, kquants_int8.q5_k_matmul_int8, kquants_int8.q6_k_matmul_int8)
     return {fn: code for code, fn in enumerate(legacy + kquant)}

@@ -1,4 +1,4 @@
-"""Kernels on raw GGUF blocks of the legacy 32-weight types: Q4_0, Q4_1, Q8_0, Q5_0.
+"""Kernels on raw GGUF blocks of the legacy 32-weight types: Q4_0, Q4_1, Q8_0, Q5_0, Q5_1.
 
 Block layouts (little-endian, ggml-common.h):
     Q4_0: d f16, qs[16]          weight j = d * ((qs[j] & 15) - 8), weight j + 16 = d * ((qs[j] >> 4) - 8)
@@ -6,6 +6,7 @@ Block layouts (little-endian, ggml-common.h):
     Q8_0: d f16, qs[32] int8     weight j = d * qs[j]
     Q5_0: d f16, qh u32, qs[16]  weight j = d * ((qs[j] & 15 | bit j of qh << 4) - 16),
                                  weight j + 16 = d * ((qs[j] >> 4 | bit j + 16 of qh << 4) - 16)
+    Q5_1: d f16, m f16, qh u32, qs[16]   as Q5_0 without the - 16, plus m (as Q4_1)
 
 matmul_exact decodes each block in vector registers (simd.py) and uses it for up to 6 activation rows
 at once: the weights are read from memory once per call for all B rows. dequantize_rows uses the same
@@ -18,21 +19,24 @@ in a group of 2 to 6, whatever B is and wherever row b sits.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from . import simd
 from .bits import half_to_f32
-from .legacy_int8 import (  # noqa: F401 (INT8_PATH and the *_path kernels: the tests run every path)
+from .legacy_int8 import (  # noqa: F401 (INT8_PATH and matmul_int8_path: the tests run every path)
     INT8_PATH,
+    matmul_int8_path,
     q4_0_matmul_int8,
-    q4_0_matmul_int8_path,
     q4_1_matmul_int8,
-    q4_1_matmul_int8_path,
     q5_0_matmul_int8,
-    q5_0_matmul_int8_path,
+    q5_1_matmul_int8,
     q8_0_matmul_int8,
-    q8_0_matmul_int8_path,
 )
 from .registry import QuantKernels
 
@@ -114,18 +118,60 @@ def _q5_0_row(row, w):
             w[base + 16 + j] = d * np.float32(high - 16)
 
 
-# ---- Q4_0
+@njit(inline="always", cache=True)
+def _q5_1_row(row, w):
+    for k in range(w.shape[0] // QK):
+        off = k * 24
+        d = half_to_f32(row[off], row[off + 1])
+        m = half_to_f32(row[off + 2], row[off + 3])
+        qh = (
+            np.uint32(row[off + 4])
+            | (np.uint32(row[off + 5]) << np.uint32(8))
+            | (np.uint32(row[off + 6]) << np.uint32(16))
+            | (np.uint32(row[off + 7]) << np.uint32(24))
+        )
+        base = k * QK
+        for j in range(16):
+            q = row[off + 8 + j]
+            low = np.int32(q & 15) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
+            high = np.int32(q >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
+            w[base + j] = d * np.float32(low) + m
+            w[base + 16 + j] = d * np.float32(high) + m
+
+
+# ---- matmul_exact: one driver, specialised per type
+
+
+def _dots(kind, count, row, x, b):
+    """simd.py's `count`-row dot of type `kind` (both literals), resolved at compile time (`_dots_of`),
+    so a driver specialised for one type holds only that type's dots."""
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(_dots, inline="always")
+def _dots_of(kind, count, row, x, b):
+    """The dot intrinsic `_dots` names: <kind>_dot<count> of simd.py."""
+    if not (isinstance(kind, types.StringLiteral) and isinstance(count, types.IntegerLiteral)):
+        return None
+    dot = getattr(simd, f"{kind.literal_value}_dot{count.literal_value}")
+
+    def dots(kind, count, row, x, b):
+        return dot(row, x, b)
+
+    return dots
 
 
 @njit(cache=True, parallel=True)
-def _q4_0_exact(blocks, x, out):
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 6 sharing each decoded block, the last 1 to 5
-    rows in one group (a verify step of 4 drafts and the bonus row is one pass over the weights)."""
+def _exact(blocks, x, out, kind):
+    """out[b, o] = sum_i x[b, i] * W[o, i] for blocks of type `kind` (a simd.py kind name, made a
+    literal: one compiled driver per type): weights decoded in registers (simd.py), float32
+    accumulation; activation rows in groups of 6 sharing each decoded block, the last 1 to 5 rows in one
+    group (a verify step of 4 drafts and the bonus row is one pass over the weights)."""
+    numba.literally(kind)
     batch = x.shape[0]
     if batch == 1:
         for o in prange(blocks.shape[0]):
-            (out[0, o],) = simd.q4_0_dot1(blocks[o], x, 0)
+            (out[0, o],) = _dots(kind, 1, blocks[o], x, 0)
         return
     full = batch - batch % 6
     rest = batch % 6
@@ -136,27 +182,61 @@ def _q4_0_exact(blocks, x, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, full, 6):
             for o in range(first, last):
-                simd.store_column(out, b, o, simd.q4_0_dot6(blocks[o], x, b))
+                simd.store_column(out, b, o, _dots(kind, 6, blocks[o], x, b))
         if rest == 0:
             continue
         for o in range(first, last):
             if rest == 1:
-                simd.store_column(out, full, o, simd.q4_0_dot1(blocks[o], x, full))
+                simd.store_column(out, full, o, _dots(kind, 1, blocks[o], x, full))
             elif rest == 2:
-                simd.store_column(out, full, o, simd.q4_0_dot2(blocks[o], x, full))
+                simd.store_column(out, full, o, _dots(kind, 2, blocks[o], x, full))
             elif rest == 3:
-                simd.store_column(out, full, o, simd.q4_0_dot3(blocks[o], x, full))
+                simd.store_column(out, full, o, _dots(kind, 3, blocks[o], x, full))
             elif rest == 4:
-                simd.store_column(out, full, o, simd.q4_0_dot4(blocks[o], x, full))
+                simd.store_column(out, full, o, _dots(kind, 4, blocks[o], x, full))
             else:
-                simd.store_column(out, full, o, simd.q4_0_dot5(blocks[o], x, full))
+                simd.store_column(out, full, o, _dots(kind, 5, blocks[o], x, full))
+
+
+@functools.cache
+def _bound_exact(kind: str) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """`_exact` for one type as a compiled function (blocks, x, out), its kind bound in at compile time:
+    a Python call passing the literal would make numba retry its typing on every call. Cached by numba
+    per type (its closure's constant keys the cache)."""
+
+    @njit(cache=True)
+    def bound(blocks, x, out):
+        _exact(blocks, x, out, kind)
+
+    return bound
 
 
 def q4_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 6, the last 1 to 5 in one group, sharing each
-    decoded block."""
-    _q4_0_exact(blocks, x, out)
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_0 blocks (`_exact`)."""
+    _bound_exact("q4_0")(blocks, x, out)
+
+
+def q4_1_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_1 blocks (`_exact`)."""
+    _bound_exact("q4_1")(blocks, x, out)
+
+
+def q8_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q8_0 blocks (`_exact`)."""
+    _bound_exact("q8_0")(blocks, x, out)
+
+
+def q5_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q5_0 blocks (`_exact`)."""
+    _bound_exact("q5_0")(blocks, x, out)
+
+
+def q5_1_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[b, o] = sum_i x[b, i] * W[o, i] for Q5_1 blocks (`_exact`)."""
+    _bound_exact("q5_1")(blocks, x, out)
+
+
+# ---- dequantize_rows
 
 
 @njit(cache=True, parallel=True)
@@ -166,101 +246,11 @@ def q4_0_dequantize_rows(blocks, start, stop, out):
         _q4_0_row(blocks[r], out[r - start])
 
 
-# ---- Q4_1
-
-
-@njit(cache=True, parallel=True)
-def _q4_1_exact(blocks, x, out):
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_1 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 6 sharing each decoded block, the last 1 to 5
-    rows in one group (a verify step of 4 drafts and the bonus row is one pass over the weights)."""
-    batch = x.shape[0]
-    if batch == 1:
-        for o in prange(blocks.shape[0]):
-            (out[0, o],) = simd.q4_1_dot1(blocks[o], x, 0)
-        return
-    full = batch - batch % 6
-    rest = batch % 6
-    rows = blocks.shape[0]
-    # a tile of TILE weight rows against each group of activation rows: both stay in L1 (the loop
-    # order changes nothing in any one dot product)
-    for t in prange((rows + TILE - 1) // TILE):
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, full, 6):
-            for o in range(first, last):
-                simd.store_column(out, b, o, simd.q4_1_dot6(blocks[o], x, b))
-        if rest == 0:
-            continue
-        for o in range(first, last):
-            if rest == 1:
-                simd.store_column(out, full, o, simd.q4_1_dot1(blocks[o], x, full))
-            elif rest == 2:
-                simd.store_column(out, full, o, simd.q4_1_dot2(blocks[o], x, full))
-            elif rest == 3:
-                simd.store_column(out, full, o, simd.q4_1_dot3(blocks[o], x, full))
-            elif rest == 4:
-                simd.store_column(out, full, o, simd.q4_1_dot4(blocks[o], x, full))
-            else:
-                simd.store_column(out, full, o, simd.q4_1_dot5(blocks[o], x, full))
-
-
-def q4_1_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q4_1 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 6, the last 1 to 5 in one group, sharing each
-    decoded block."""
-    _q4_1_exact(blocks, x, out)
-
-
 @njit(cache=True, parallel=True)
 def q4_1_dequantize_rows(blocks, start, stop, out):
     """out[r - start] = row r of W as float32, exactly as gguf's dequantize."""
     for r in prange(start, stop):
         _q4_1_row(blocks[r], out[r - start])
-
-
-# ---- Q8_0
-
-
-@njit(cache=True, parallel=True)
-def _q8_0_exact(blocks, x, out):
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q8_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 6 sharing each decoded block, the last 1 to 5
-    rows in one group (a verify step of 4 drafts and the bonus row is one pass over the weights)."""
-    batch = x.shape[0]
-    if batch == 1:
-        for o in prange(blocks.shape[0]):
-            (out[0, o],) = simd.q8_0_dot1(blocks[o], x, 0)
-        return
-    full = batch - batch % 6
-    rest = batch % 6
-    rows = blocks.shape[0]
-    # a tile of TILE weight rows against each group of activation rows: both stay in L1 (the loop
-    # order changes nothing in any one dot product)
-    for t in prange((rows + TILE - 1) // TILE):
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, full, 6):
-            for o in range(first, last):
-                simd.store_column(out, b, o, simd.q8_0_dot6(blocks[o], x, b))
-        if rest == 0:
-            continue
-        for o in range(first, last):
-            if rest == 1:
-                simd.store_column(out, full, o, simd.q8_0_dot1(blocks[o], x, full))
-            elif rest == 2:
-                simd.store_column(out, full, o, simd.q8_0_dot2(blocks[o], x, full))
-            elif rest == 3:
-                simd.store_column(out, full, o, simd.q8_0_dot3(blocks[o], x, full))
-            elif rest == 4:
-                simd.store_column(out, full, o, simd.q8_0_dot4(blocks[o], x, full))
-            else:
-                simd.store_column(out, full, o, simd.q8_0_dot5(blocks[o], x, full))
-
-
-def q8_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q8_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 6, the last 1 to 5 in one group, sharing each
-    decoded block."""
-    _q8_0_exact(blocks, x, out)
 
 
 @njit(cache=True, parallel=True)
@@ -270,51 +260,6 @@ def q8_0_dequantize_rows(blocks, start, stop, out):
         _q8_0_row(blocks[r], out[r - start])
 
 
-# ---- Q5_0 (exact only: no int8 path, so `int8` mode runs it exactly)
-
-
-@njit(cache=True, parallel=True)
-def _q5_0_exact(blocks, x, out):
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q5_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 6 sharing each decoded block, the last 1 to 5
-    rows in one group (a verify step of 4 drafts and the bonus row is one pass over the weights)."""
-    batch = x.shape[0]
-    if batch == 1:
-        for o in prange(blocks.shape[0]):
-            (out[0, o],) = simd.q5_0_dot1(blocks[o], x, 0)
-        return
-    full = batch - batch % 6
-    rest = batch % 6
-    rows = blocks.shape[0]
-    # a tile of TILE weight rows against each group of activation rows: both stay in L1 (the loop
-    # order changes nothing in any one dot product)
-    for t in prange((rows + TILE - 1) // TILE):
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, full, 6):
-            for o in range(first, last):
-                simd.store_column(out, b, o, simd.q5_0_dot6(blocks[o], x, b))
-        if rest == 0:
-            continue
-        for o in range(first, last):
-            if rest == 1:
-                simd.store_column(out, full, o, simd.q5_0_dot1(blocks[o], x, full))
-            elif rest == 2:
-                simd.store_column(out, full, o, simd.q5_0_dot2(blocks[o], x, full))
-            elif rest == 3:
-                simd.store_column(out, full, o, simd.q5_0_dot3(blocks[o], x, full))
-            elif rest == 4:
-                simd.store_column(out, full, o, simd.q5_0_dot4(blocks[o], x, full))
-            else:
-                simd.store_column(out, full, o, simd.q5_0_dot5(blocks[o], x, full))
-
-
-def q5_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """out[b, o] = sum_i x[b, i] * W[o, i] for Q5_0 blocks: weights decoded in registers (simd.py),
-    float32 accumulation; activation rows in groups of 6, the last 1 to 5 in one group, sharing each
-    decoded block."""
-    _q5_0_exact(blocks, x, out)
-
-
 @njit(cache=True, parallel=True)
 def q5_0_dequantize_rows(blocks, start, stop, out):
     """out[r - start] = row r of W as float32, exactly as gguf's dequantize."""
@@ -322,10 +267,18 @@ def q5_0_dequantize_rows(blocks, start, stop, out):
         _q5_0_row(blocks[r], out[r - start])
 
 
+@njit(cache=True, parallel=True)
+def q5_1_dequantize_rows(blocks, start, stop, out):
+    """out[r - start] = row r of W as float32, exactly as gguf's dequantize."""
+    for r in prange(start, stop):
+        _q5_1_row(blocks[r], out[r - start])
+
+
 LEGACY_KERNELS: dict[str, QuantKernels] = {
     "Q4_0": QuantKernels("Q4_0", QK, 18, q4_0_matmul_exact, q4_0_matmul_int8, q4_0_dequantize_rows),
     "Q4_1": QuantKernels("Q4_1", QK, 20, q4_1_matmul_exact, q4_1_matmul_int8, q4_1_dequantize_rows),
     "Q8_0": QuantKernels("Q8_0", QK, 34, q8_0_matmul_exact, q8_0_matmul_int8, q8_0_dequantize_rows),
     "Q5_0": QuantKernels("Q5_0", QK, 22, q5_0_matmul_exact, q5_0_matmul_int8, q5_0_dequantize_rows),
+    "Q5_1": QuantKernels("Q5_1", QK, 24, q5_1_matmul_exact, q5_1_matmul_int8, q5_1_dequantize_rows),
 }
 """The legacy 32-weight block types."""

@@ -1,4 +1,4 @@
-"""Int8-activation matmuls on raw legacy blocks (Q4_0, Q4_1, Q8_0, Q5_0): the drivers of simd_int8.py.
+"""Int8-activation matmuls on raw legacy blocks (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1): the driver of simd_int8.py.
 
 Activations come quantized per 32-block (quantize_activations: xq int8, xs float32); what the row dots
 read of them is laid out once per call (`int8_activations`). Threads split the output rows only (prange
@@ -7,17 +7,21 @@ the 1 to 7 left, each group sharing every decoded weight pair (simd_int8.py), so
 and the bonus row of a verify step) cost one pass over the weights. Every out[b, o] goes through the
 same per-row arithmetic in the same order whatever group it is in, so a row's result is bit-identical
 alone or anywhere in a batch.
-One compiled kernel per int8 path, so a process compiles (or loads from numba's cache) only the path
-its host runs; `*_matmul_int8_path` reaches the others (the tests compare them bit for bit).
+One driver, `_matmul`, specialised per type and int8 path (both literal arguments), so a process compiles
+(or loads from numba's cache) only its model's types on the path its host runs; `matmul_int8_path`
+reaches the other paths (the tests compare them bit for bit).
 numba's cache tracks only this file for these kernels: after editing simd_int8.py, touch this file.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
+import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from . import simd_int8
 from .simd import store_column
@@ -27,6 +31,9 @@ TILE = 16
 
 INT8_PATH = simd_int8.available_paths()[-1]
 """The int8 path the public int8 kernels use: the best this host has (VNNI > AVX2 > portable)."""
+
+PATH_NAMES = ("portable", "avx2", "vnni")
+"""simd_int8's name of each int8 path, as its row dots are named (<kind>_<path name><rows>)."""
 
 
 @njit(cache=True)
@@ -71,12 +78,37 @@ def int8_activations(xq, xs):
     return xa, xu, xsum, xs_sum, xs4
 
 
-# ---- Q4_0
+def _rows(kind, path, count, row, xa, xu, xsum, xs_sum, xs4, b):
+    """simd_int8's `count`-row dot of type `kind` on int8 path `path` (all three literals): resolved at
+    compile time (`_rows_of`), so a driver specialised for one type and path holds only that type's
+    and path's row dots."""
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(_rows, inline="always")
+def _rows_of(kind, path, count, row, xa, xu, xsum, xs_sum, xs4, b):
+    """The row-dot intrinsic `_rows` names: <kind>_<path><count> of simd_int8."""
+    if not (
+        isinstance(kind, types.StringLiteral)
+        and isinstance(path, types.IntegerLiteral)
+        and isinstance(count, types.IntegerLiteral)
+    ):
+        return None
+    dot = getattr(simd_int8, f"{kind.literal_value}_{PATH_NAMES[path.literal_value]}{count.literal_value}")
+
+    def rows(kind, path, count, row, xa, xu, xsum, xs_sum, xs4, b):
+        return dot(row, xa, xu, xsum, xs_sum, xs4, b)
+
+    return rows
 
 
 @njit(cache=True, parallel=True)
-def _q4_0_int8_vnni(blocks, xq, xs, out):
-    """Q4_0 against int8 activations on the vnni path."""
+def _matmul(blocks, xq, xs, out, kind, path):
+    """out = the int8 product of `blocks` of type `kind` (a simd_int8 kind name) with the activations,
+    on int8 path `path`. Both are made literals, so numba compiles (or loads from its cache) one driver
+    per type and path, holding that type's row dots only."""
+    numba.literally(kind)
+    numba.literally(path)
     xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
     batch = xq.shape[0]
     eights = batch - batch % 8
@@ -86,505 +118,80 @@ def _q4_0_int8_vnni(blocks, xq, xs, out):
         first, last = t * TILE, min(rows, (t + 1) * TILE)
         for b in range(0, eights, 8):
             for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_vnni8(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
+                store_column(out, b, o, _rows(kind, path, 8, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
         b = eights
         if rest == 1:
             for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_vnni1(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
+                store_column(out, b, o, _rows(kind, path, 1, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
         elif rest == 2:
             for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_vnni2(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
+                store_column(out, b, o, _rows(kind, path, 2, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
         elif rest == 3:
             for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_vnni3(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
+                store_column(out, b, o, _rows(kind, path, 3, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
         elif rest == 4:
             for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_vnni4(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
+                store_column(out, b, o, _rows(kind, path, 4, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
         elif rest == 5:
             for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_vnni5(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
+                store_column(out, b, o, _rows(kind, path, 5, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
         elif rest == 6:
             for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_vnni6(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
+                store_column(out, b, o, _rows(kind, path, 6, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
         elif rest == 7:
             for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_vnni7(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
+                store_column(out, b, o, _rows(kind, path, 7, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
 
 
-@njit(cache=True, parallel=True)
-def _q4_0_int8_avx2(blocks, xq, xs, out):
-    """Q4_0 against int8 activations on the avx2 path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_avx28(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_avx21(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_avx22(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_avx23(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_avx24(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_avx25(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_avx26(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_avx27(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
+@functools.cache
+def bound_kernel(kind: str, path: int) -> Callable[..., None]:
+    """`_matmul` for one type (a simd_int8 kind name) and int8 path as a compiled function (blocks, xq,
+    xs, out): the literals bound in at compile time, where a Python call passing them would make numba
+    retry its typing on every call (about 0.2 s). numba caches each (its closure's constants key the
+    cache); compiled callers (decode_row.py) take it as a function value."""
+
+    @njit(cache=True)
+    def bound(blocks, xq, xs, out):
+        _matmul(blocks, xq, xs, out, kind, path)
+
+    return bound
 
 
-@njit(cache=True, parallel=True)
-def _q4_0_int8_portable(blocks, xq, xs, out):
-    """Q4_0 against int8 activations on the portable path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_portable8(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_portable1(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_portable2(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_portable3(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_portable4(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_portable5(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_portable6(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_0_portable7(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-
-
-def q4_0_matmul_int8_path(
-    blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, path: int
+def matmul_int8_path(
+    type_name: str, blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, path: int
 ) -> None:
-    """Q4_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
-    every path gives the same bits)."""
-    (_q4_0_int8_portable, _q4_0_int8_avx2, _q4_0_int8_vnni)[path](blocks, xq, xs, out)
+    """Legacy `type_name` (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1) weights against int8 activations through int8
+    path `path` (simd_int8: PORTABLE, AVX2, VNNI; every path gives the same bits)."""
+    bound_kernel(type_name.lower(), path)(blocks, xq, xs, out)
 
 
 def q4_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q4_0 weights against int8 activations (quantize_activations) through the host's best int8 path."""
-    q4_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
-
-
-# ---- Q4_1
-
-
-@njit(cache=True, parallel=True)
-def _q4_1_int8_vnni(blocks, xq, xs, out):
-    """Q4_1 against int8 activations on the vnni path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_vnni8(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_vnni1(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_vnni2(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_vnni3(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_vnni4(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_vnni5(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_vnni6(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_vnni7(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-
-
-@njit(cache=True, parallel=True)
-def _q4_1_int8_avx2(blocks, xq, xs, out):
-    """Q4_1 against int8 activations on the avx2 path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_avx28(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_avx21(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_avx22(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_avx23(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_avx24(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_avx25(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_avx26(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_avx27(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-
-
-@njit(cache=True, parallel=True)
-def _q4_1_int8_portable(blocks, xq, xs, out):
-    """Q4_1 against int8 activations on the portable path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_portable8(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_portable1(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_portable2(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_portable3(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_portable4(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_portable5(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_portable6(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q4_1_portable7(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-
-
-def q4_1_matmul_int8_path(
-    blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, path: int
-) -> None:
-    """Q4_1 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
-    every path gives the same bits)."""
-    (_q4_1_int8_portable, _q4_1_int8_avx2, _q4_1_int8_vnni)[path](blocks, xq, xs, out)
+    bound_kernel("q4_0", INT8_PATH)(blocks, xq, xs, out)
 
 
 def q4_1_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q4_1 weights against int8 activations (quantize_activations) through the host's best int8 path."""
-    q4_1_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
-
-
-# ---- Q8_0
-
-
-@njit(cache=True, parallel=True)
-def _q8_0_int8_vnni(blocks, xq, xs, out):
-    """Q8_0 against int8 activations on the vnni path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_vnni8(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_vnni1(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_vnni2(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_vnni3(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_vnni4(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_vnni5(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_vnni6(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_vnni7(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-
-
-@njit(cache=True, parallel=True)
-def _q8_0_int8_avx2(blocks, xq, xs, out):
-    """Q8_0 against int8 activations on the avx2 path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_avx28(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_avx21(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_avx22(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_avx23(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_avx24(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_avx25(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_avx26(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_avx27(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-
-
-@njit(cache=True, parallel=True)
-def _q8_0_int8_portable(blocks, xq, xs, out):
-    """Q8_0 against int8 activations on the portable path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_portable8(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_portable1(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_portable2(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_portable3(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_portable4(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_portable5(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_portable6(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q8_0_portable7(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-
-
-def q8_0_matmul_int8_path(
-    blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, path: int
-) -> None:
-    """Q8_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
-    every path gives the same bits)."""
-    (_q8_0_int8_portable, _q8_0_int8_avx2, _q8_0_int8_vnni)[path](blocks, xq, xs, out)
+    bound_kernel("q4_1", INT8_PATH)(blocks, xq, xs, out)
 
 
 def q8_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q8_0 weights against int8 activations (quantize_activations) through the host's best int8 path."""
-    q8_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
-
-
-# ---- Q5_0
-
-
-@njit(cache=True, parallel=True)
-def _q5_0_int8_vnni(blocks, xq, xs, out):
-    """Q5_0 against int8 activations on the vnni path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_vnni8(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_vnni1(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_vnni2(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_vnni3(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_vnni4(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_vnni5(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_vnni6(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_vnni7(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-
-
-@njit(cache=True, parallel=True)
-def _q5_0_int8_avx2(blocks, xq, xs, out):
-    """Q5_0 against int8 activations on the avx2 path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_avx28(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_avx21(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_avx22(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_avx23(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_avx24(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_avx25(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_avx26(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_avx27(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-
-
-@njit(cache=True, parallel=True)
-def _q5_0_int8_portable(blocks, xq, xs, out):
-    """Q5_0 against int8 activations on the portable path."""
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
-    batch = xq.shape[0]
-    eights = batch - batch % 8
-    rest = batch - eights
-    rows = blocks.shape[0]
-    for t in prange((rows + TILE - 1) // TILE):  # a tile of weight rows against every activation row
-        first, last = t * TILE, min(rows, (t + 1) * TILE)
-        for b in range(0, eights, 8):
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_portable8(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        b = eights
-        if rest == 1:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_portable1(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 2:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_portable2(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 3:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_portable3(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 4:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_portable4(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 5:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_portable5(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 6:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_portable6(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-        elif rest == 7:
-            for o in range(first, last):
-                store_column(out, b, o, simd_int8.q5_0_portable7(blocks[o], xa, xu, xsum, xs_sum, xs4, b))
-
-
-def q5_0_matmul_int8_path(
-    blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray, path: int
-) -> None:
-    """Q5_0 weights against int8 activations through int8 path `path` (simd_int8: PORTABLE, AVX2, VNNI;
-    every path gives the same bits)."""
-    (_q5_0_int8_portable, _q5_0_int8_avx2, _q5_0_int8_vnni)[path](blocks, xq, xs, out)
+    bound_kernel("q8_0", INT8_PATH)(blocks, xq, xs, out)
 
 
 def q5_0_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """Q5_0 weights against int8 activations (quantize_activations) through the host's best int8 path."""
-    q5_0_matmul_int8_path(blocks, xq, xs, out, INT8_PATH)
+    bound_kernel("q5_0", INT8_PATH)(blocks, xq, xs, out)
+
+
+def q5_1_matmul_int8(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
+    """Q5_1 weights against int8 activations (quantize_activations) through the host's best int8 path."""
+    bound_kernel("q5_1", INT8_PATH)(blocks, xq, xs, out)
 
 
 def host_int8_kernels() -> dict[str, Callable[..., None]]:
     """Each type's compiled int8 kernel (blocks, xq, xs, out) on the host's path: what compiled callers
     (decode_row.py) call for the type's `*_matmul_int8`."""
-    return {
-        "Q4_0": (_q4_0_int8_portable, _q4_0_int8_avx2, _q4_0_int8_vnni)[INT8_PATH],
-        "Q4_1": (_q4_1_int8_portable, _q4_1_int8_avx2, _q4_1_int8_vnni)[INT8_PATH],
-        "Q8_0": (_q8_0_int8_portable, _q8_0_int8_avx2, _q8_0_int8_vnni)[INT8_PATH],
-        "Q5_0": (_q5_0_int8_portable, _q5_0_int8_avx2, _q5_0_int8_vnni)[INT8_PATH],
-    }
+    names = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1")
+    return {name: bound_kernel(name.lower(), INT8_PATH) for name in names}

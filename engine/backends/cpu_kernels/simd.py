@@ -41,7 +41,10 @@ _LAYOUTS = {
     "q4_1": (20, 4, True, True),
     "q8_0": (34, 2, False, False),
     "q5_0": (22, 6, False, True),  # d f16, qh u32 (the 5th bit of each weight), qs[16]
+    "q5_1": (24, 8, True, True),  # d f16, m f16, qh u32, qs[16]
 }
+_FIFTH_BITS = {"q5_0": 2, "q5_1": 4}
+"""Where the 5-bit types keep qh."""
 
 
 def splat(builder: ir.IRBuilder, value: ir.Value, width: int = 16) -> ir.Value:
@@ -258,10 +261,9 @@ def _rows_dot_codegen(kind: str, rows: int):
             q32 = builder.zext(q, _V16I32)
             lo = builder.and_(q32, ir.Constant(_V16I32, [15] * 16))
             hi = builder.lshr(q32, ir.Constant(_V16I32, [4] * 16))
-            if kind == "q5_0":  # 5th bits from qh: weight j takes bit j, weight j + 16 bit j + 16
-                qh = builder.load(
-                    builder.bitcast(builder.gep(blk, [ir.Constant(_I64, 2)]), _I32.as_pointer()), align=1
-                )
+            if kind in _FIFTH_BITS:  # 5th bits from qh: weight j takes bit j, weight j + 16 bit j + 16
+                qh_at = builder.gep(blk, [ir.Constant(_I64, _FIFTH_BITS[kind])])
+                qh = builder.load(builder.bitcast(qh_at, _I32.as_pointer()), align=1)
                 qh_lanes = builder.shuffle_vector(
                     builder.insert_element(ir.Constant(_V16I32, ir.Undefined), qh, ir.Constant(_I32, 0)),
                     ir.Constant(_V16I32, ir.Undefined),
@@ -274,8 +276,11 @@ def _rows_dot_codegen(kind: str, rows: int):
                     # bit (first + j) of qh, moved to bit 4: (qh >> (first + j)) << 4, masked to 16
                     shifted = builder.lshr(qh_lanes, ir.Constant(_V16I32, list(range(first, first + 16))))
                     bit = builder.and_(builder.shl(shifted, ir.Constant(_V16I32, [4] * 16)), fifth)
-                    value = builder.sub(builder.or_(low_bits, bit), sixteen)
-                    weights.append(builder.fmul(d, builder.sitofp(value, _V16F)))
+                    value = builder.or_(low_bits, bit)
+                    if has_min:  # Q5_1: d * q + m, one rounding (as Q4_1)
+                        weights.append(fma(builder, d, builder.sitofp(value, _V16F), m))
+                    else:  # Q5_0: d * (q - 16), q - 16 exact
+                        weights.append(builder.fmul(d, builder.sitofp(builder.sub(value, sixteen), _V16F)))
                 w0, w1 = weights
             elif has_min:  # Q4_1: d * q + m, one rounding
                 w0 = fma(builder, d, builder.sitofp(lo, _V16F), m)
@@ -352,3 +357,4 @@ q4_0_dot1, q4_0_dot2, q4_0_dot3, q4_0_dot4, q4_0_dot5, q4_0_dot6 = (_make("q4_0"
 q4_1_dot1, q4_1_dot2, q4_1_dot3, q4_1_dot4, q4_1_dot5, q4_1_dot6 = (_make("q4_1", r) for r in range(1, 7))
 q8_0_dot1, q8_0_dot2, q8_0_dot3, q8_0_dot4, q8_0_dot5, q8_0_dot6 = (_make("q8_0", r) for r in range(1, 7))
 q5_0_dot1, q5_0_dot2, q5_0_dot3, q5_0_dot4, q5_0_dot5, q5_0_dot6 = (_make("q5_0", r) for r in range(1, 7))
+q5_1_dot1, q5_1_dot2, q5_1_dot3, q5_1_dot4, q5_1_dot5, q5_1_dot6 = (_make("q5_1", r) for r in range(1, 7))

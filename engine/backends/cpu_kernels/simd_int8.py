@@ -14,12 +14,13 @@ Everything about the weights is done once per pair for all the activation rows o
 case that verifying drafts needs): the nibble unpack, the block scales, and on vnni the correction that
 signed weights need. There Q4_0, Q8_0 and Q5_0 run with signed weights (q - 8, q, q - 16) against
 unsigned activations xu = xq + 128, the accumulator starting at -128 * (each lane's weight sum); Q4_1's
-nibbles are unsigned already and meet xq directly; avx2 multiplies Q4_0's and Q5_0's stored quants and
-takes offset * (the lane's xq sum) off. So a row costs, per pair, two vpdpbusd (or three AVX2
-multiplies), one conversion, one multiply and one fma (Q4_1: one more fma).
+and Q5_1's quants are unsigned already and meet xq directly (at most 2 * 31 * 127 a vpmaddubsw pair);
+avx2 multiplies Q4_0's and Q5_0's stored quants and takes offset * (the lane's xq sum) off. So a row
+costs, per pair, two vpdpbusd (or three AVX2 multiplies), one conversion, one multiply and one fma (Q4_1,
+Q5_1: one more fma).
 
 Integer sums are exact, so the three paths give the same lanes and the same float results bit for bit.
-The float part is fixed: per pair acc = fma(d * xs, float(lanes), acc) on 8 lanes (Q4_1 then acc =
+The float part is fixed: per pair acc = fma(d * xs, float(lanes), acc) on 8 lanes (Q4_1, Q5_1 then acc =
 fma(m, xs_sum, acc), xs_sum = xs * (the block's xq sum) in lane 0 and zero in lanes 1-3, which leaves
 those lanes as they were: an accumulator that starts at +0 is never -0); d * xs is exact in float32 (two
 halves). The even blocks go to lanes 0-3, the odd ones to 4-7, an odd last block to lanes 0-3; the
@@ -69,7 +70,10 @@ _LAYOUTS = {
     "q4_1": (20, 4, True, True),
     "q8_0": (34, 2, False, False),
     "q5_0": (22, 6, False, True),  # d f16, qh u32 (bit j: the fifth bit of weight j), qs[16]
+    "q5_1": (24, 8, True, True),  # d f16, m f16, qh u32, qs[16]
 }
+_FIFTH_BITS = {"q5_0": 2, "q5_1": 4}
+"""Where the 5-bit types keep qh (bit j: the fifth bit of weight j)."""
 _OFFSETS = {"q4_0": 8, "q5_0": 16}
 """What the signed types with unsigned stored quants subtract: weight = d * (q - offset)."""
 
@@ -323,8 +327,8 @@ def _halves_vnni(builder: ir.IRBuilder, acc, unsigned_a, signed_a, unsigned_b, s
 
 
 def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value, first: int) -> ir.Value:
-    """<16 x i8>: 16 in byte j where bit first + j of Q5_0's qh (i32) is set, else 0: qh's bytes spread
-    eight times each (vpshufb), each byte tested against its own bit."""
+    """<16 x i8>: 16 in byte j where bit first + j of a 5-bit block's qh (i32) is set, else 0: qh's
+    bytes spread eight times each (vpshufb), each byte tested against its own bit."""
     qh_bytes = builder.bitcast(qh, ir.VectorType(_I8, 4))
     spread = _shuffle(builder, qh_bytes, qh_bytes, [first // 8 + j // 8 for j in range(16)])
     bits = ir.Constant(_V16I8, [1 << (j % 8) for j in range(16)])
@@ -359,11 +363,9 @@ class _Blocks:
                 q = load_vec(builder, quants, _V16I8)
                 low = builder.and_(q, const_vec(_V16I8, 15))
                 high = builder.lshr(q, const_vec(_V16I8, 4))
-                if kind == "q5_0":  # bit j of the block's qh is the fifth bit of its weight j
-                    qh = builder.load(
-                        builder.bitcast(builder.gep(start, [ir.Constant(_I64, 2)]), _I32.as_pointer()),
-                        align=1,
-                    )
+                if kind in _FIFTH_BITS:  # bit j of the block's qh is the fifth bit of its weight j
+                    qh_at = builder.gep(start, [ir.Constant(_I64, _FIFTH_BITS[kind])])
+                    qh = builder.load(builder.bitcast(qh_at, _I32.as_pointer()), align=1)
                     low = builder.or_(low, _fifth_bits(builder, qh, 0))
                     high = builder.or_(high, _fifth_bits(builder, qh, 16))
                 part_a.append(low)
@@ -646,4 +648,20 @@ q5_0_avx21, q5_0_avx22, q5_0_avx23, q5_0_avx24, q5_0_avx25, q5_0_avx26, q5_0_avx
 )
 q5_0_vnni1, q5_0_vnni2, q5_0_vnni3, q5_0_vnni4, q5_0_vnni5, q5_0_vnni6, q5_0_vnni7, q5_0_vnni8 = (
     _make("q5_0", r, VNNI) for r in ROW_COUNTS
+)
+(
+    q5_1_portable1,
+    q5_1_portable2,
+    q5_1_portable3,
+    q5_1_portable4,
+    q5_1_portable5,
+    q5_1_portable6,
+    q5_1_portable7,
+    q5_1_portable8,
+) = (_make("q5_1", r, PORTABLE) for r in ROW_COUNTS)
+q5_1_avx21, q5_1_avx22, q5_1_avx23, q5_1_avx24, q5_1_avx25, q5_1_avx26, q5_1_avx27, q5_1_avx28 = (
+    _make("q5_1", r, AVX2) for r in ROW_COUNTS
+)
+q5_1_vnni1, q5_1_vnni2, q5_1_vnni3, q5_1_vnni4, q5_1_vnni5, q5_1_vnni6, q5_1_vnni7, q5_1_vnni8 = (
+    _make("q5_1", r, VNNI) for r in ROW_COUNTS
 )
