@@ -10,8 +10,9 @@ tokenizer metadata copied from llama.cpp's own `ggml-vocab-llama-bpe.gguf`, tied
 untied one for 8B) in the chosen quantization mixes, as llama-quantize mixes them: Q4_K_M = Q4_K with
 Q6_K for the output/tied embedding and for attn_v and ffn_down of the "more bits" layers (the first and
 last eighth and every third between), Q5_K_M likewise over Q5_K, Q4_0 with a Q6_K output, Q8_0 and
-Q6_K throughout. Block scales are chosen so weights have a standard deviation of about 0.02 and the
-activations stay finite. The files are cached outside the repository ($INFER_HOME/bench-models).
+Q6_K throughout; on request (--mixes) also Q5_0 and Q5_1, each with a Q6_K output as Q4_0. Block
+scales are chosen so weights have a standard deviation of about 0.02 and the activations stay finite.
+The files are cached outside the repository ($INFER_HOME/bench-models).
 RANDOM WEIGHTS: the figures measure speed only; the text is noise.
 
 Then, for each model, `rounds` alternating rounds of llama.cpp and infer with the same thread count:
@@ -117,7 +118,10 @@ SHAPES: dict[str, Shape] = {
 }
 
 MIXES = ("Q4_0", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
-_FILE_TYPES = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+"""The mixes measured by default (the ones people run)."""
+OTHER_MIXES = ("Q5_0", "Q5_1")
+"""Legacy mixes measured when asked for (--mixes): each type everywhere but the Q6_K output."""
+_FILE_TYPES = {"Q4_0": 2, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 """general.file_type (llama_ftype) of each mix."""
 
 
@@ -132,8 +136,8 @@ def tensor_type(mix: str, role: str, layer: int, layers: int) -> GGMLType:
         return GGMLType[mix]
     if role == "output":
         return GGMLType.Q6_K
-    if mix == "Q4_0":
-        return GGMLType.Q4_0
+    if mix in ("Q4_0", *OTHER_MIXES):
+        return GGMLType[mix]
     base = GGMLType.Q4_K if mix == "Q4_K_M" else GGMLType.Q5_K
     if role in ("attn_v", "ffn_down") and more_bits(layer, layers):
         return GGMLType.Q6_K
@@ -143,6 +147,8 @@ def tensor_type(mix: str, role: str, layer: int, layers: int) -> GGMLType:
 _SCALE_AT = {
     GGMLType.Q4_0: (0, None),
     GGMLType.Q8_0: (0, None),
+    GGMLType.Q5_0: (0, None),
+    GGMLType.Q5_1: (0, 2),  # m: added to every weight of the block, as dmin's term is
     GGMLType.Q4_K: (0, 2),
     GGMLType.Q5_K: (0, 2),
     GGMLType.Q6_K: (208, None),
@@ -457,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     mixes = [m.strip() for m in args.mixes.split(",") if m.strip()]
-    unknown = [s for s in shapes if s not in SHAPES] + [m for m in mixes if m not in MIXES]
+    unknown = [s for s in shapes if s not in SHAPES] + [m for m in mixes if m not in MIXES + OTHER_MIXES]
     if unknown:
         print(f"bench_sizes: error: unknown shape or mix {', '.join(unknown)}", file=sys.stderr)
         return 2

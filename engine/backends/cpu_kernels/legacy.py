@@ -161,7 +161,8 @@ def _dots_of(kind, count, row, x, b):
     return dots
 
 
-@njit(cache=True, parallel=True)
+# Not cached itself (as legacy_int8._matmul): each `_bound_exact` holds its copy in a cache file of its own.
+@njit(parallel=True)
 def _exact(blocks, x, out, kind):
     """out[b, o] = sum_i x[b, i] * W[o, i] for blocks of type `kind` (a simd.py kind name, made a
     literal: one compiled driver per type): weights decoded in registers (simd.py), float32
@@ -202,13 +203,13 @@ def _exact(blocks, x, out, kind):
 def _bound_exact(kind: str) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
     """`_exact` for one type as a compiled function (blocks, x, out), its kind bound in at compile time:
     a Python call passing the literal would make numba retry its typing on every call. Cached by numba
-    per type (its closure's constant keys the cache)."""
+    in files of its own (named by its qualified name)."""
 
-    @njit(cache=True)
     def bound(blocks, x, out):
         _exact(blocks, x, out, kind)
 
-    return bound
+    bound.__qualname__ = f"{kind}_exact"
+    return njit(cache=True)(bound)
 
 
 def q4_0_matmul_exact(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:

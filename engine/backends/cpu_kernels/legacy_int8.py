@@ -102,11 +102,14 @@ def _rows_of(kind, path, count, row, xa, xu, xsum, xs_sum, xs4, b):
     return rows
 
 
-@njit(cache=True, parallel=True)
+# Not cached itself: numba keeps every signature of a function in one cache index, and two processes
+# compiling two of them at once (test workers, two types) can pair one key with the other's code; each
+# `bound_kernel` holds its copy of this driver in a cache file of its own.
+@njit(parallel=True)
 def _matmul(blocks, xq, xs, out, kind, path):
     """out = the int8 product of `blocks` of type `kind` (a simd_int8 kind name) with the activations,
-    on int8 path `path`. Both are made literals, so numba compiles (or loads from its cache) one driver
-    per type and path, holding that type's row dots only."""
+    on int8 path `path`. Both are made literals, so each type and path compiles a driver holding only
+    that type's row dots."""
     numba.literally(kind)
     numba.literally(path)
     xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
@@ -147,14 +150,14 @@ def _matmul(blocks, xq, xs, out, kind, path):
 def bound_kernel(kind: str, path: int) -> Callable[..., None]:
     """`_matmul` for one type (a simd_int8 kind name) and int8 path as a compiled function (blocks, xq,
     xs, out): the literals bound in at compile time, where a Python call passing them would make numba
-    retry its typing on every call (about 0.2 s). numba caches each (its closure's constants key the
-    cache); compiled callers (decode_row.py) take it as a function value."""
+    retry its typing on every call (about 0.2 s). Each is cached by numba in files of its own (named by
+    its qualified name); compiled callers (decode_row.py) take it as a function value."""
 
-    @njit(cache=True)
     def bound(blocks, xq, xs, out):
         _matmul(blocks, xq, xs, out, kind, path)
 
-    return bound
+    bound.__qualname__ = f"{kind}_int8_{PATH_NAMES[path]}"
+    return njit(cache=True)(bound)
 
 
 def matmul_int8_path(
