@@ -5,6 +5,7 @@ quantization == llama.cpp's Q8_0, and every feature path."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -215,9 +216,7 @@ def test_every_int8_path_gives_the_same_bits_and_passes_precision(type_name, wei
     """Run each int8 path explicitly (vpdpbusd, vpmaddubsw, portable widening) even where a better one
     exists; a path the host lacks compiles as portable, so it must still agree."""
     blocks = weights[type_name]
-    def kernel(*args):
-        legacy.matmul_int8_path(type_name, *args)
-
+    kernel = functools.partial(legacy.matmul_int8_path, type_name)
     ref_weights = dequantized(type_name, blocks).astype(np.float64)
     rng = np.random.default_rng(6)
     for batch in (1, 3, 4, 6, 9, 16):  # every remainder of the groups of 4
@@ -322,9 +321,7 @@ def test_int8_odd_block_counts_and_row_groups(type_name, cols) -> None:
     rng = np.random.default_rng(9)
     blocks = make_blocks(type_name, 21, cols, rng)
     ref_weights = dequantized(type_name, blocks).astype(np.float64)
-    def kernel(*args):
-        legacy.matmul_int8_path(type_name, *args)
-
+    kernel = functools.partial(legacy.matmul_int8_path, type_name)
     pool = activations(16, cols, rng)
     xq_pool, xs_pool = quantize_activations(pool)
     for path in (simd_int8.PORTABLE, simd_int8.AVX2, simd_int8.VNNI):
