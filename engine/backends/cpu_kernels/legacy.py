@@ -150,10 +150,10 @@ def _dots(kind, count, row, x, b):
 
 @overload(_dots, inline="always")
 def _dots_of(kind, count, row, x, b):
-    """The dot intrinsic `_dots` names: <kind>_dot<count> of simd.py."""
+    """The dot intrinsic `_dots` names, from simd.DOTS."""
     if not (isinstance(kind, types.StringLiteral) and isinstance(count, types.IntegerLiteral)):
         return None
-    dot = getattr(simd, f"{kind.literal_value}_dot{count.literal_value}")
+    dot = simd.DOTS[(kind.literal_value, count.literal_value)]
 
     def dots(kind, count, row, x, b):
         return dot(row, x, b)

@@ -33,7 +33,7 @@ INT8_PATH = simd_int8.available_paths()[-1]
 """The int8 path the public int8 kernels use: the best this host has (VNNI > AVX2 > portable)."""
 
 PATH_NAMES = ("portable", "avx2", "vnni")
-"""simd_int8's name of each int8 path, as its row dots are named (<kind>_<path name><rows>)."""
+"""The name of each int8 path (in the bound kernels' names)."""
 
 
 @njit(cache=True)
@@ -87,14 +87,14 @@ def _rows(kind, path, count, row, xa, xu, xsum, xs_sum, xs4, b):
 
 @overload(_rows, inline="always")
 def _rows_of(kind, path, count, row, xa, xu, xsum, xs_sum, xs4, b):
-    """The row-dot intrinsic `_rows` names: <kind>_<path><count> of simd_int8."""
+    """The row-dot intrinsic `_rows` names, from simd_int8.ROW_DOTS."""
     if not (
         isinstance(kind, types.StringLiteral)
         and isinstance(path, types.IntegerLiteral)
         and isinstance(count, types.IntegerLiteral)
     ):
         return None
-    dot = getattr(simd_int8, f"{kind.literal_value}_{PATH_NAMES[path.literal_value]}{count.literal_value}")
+    dot = simd_int8.ROW_DOTS[(kind.literal_value, path.literal_value, count.literal_value)]
 
     def rows(kind, path, count, row, xa, xu, xsum, xs_sum, xs4, b):
         return dot(row, xa, xu, xsum, xs_sum, xs4, b)

@@ -350,11 +350,7 @@ def _make(kind: str, rows: int):
     return intrinsic(typer)
 
 
-# 1 to 6 activation rows per call: 6 rows of 4 chains are 24 accumulators, which leaves registers for the
-# decoded block (at 8 rows, 32 accumulators fill the register file and the kernels ran 1.3x slower than
-# in groups of 4)
-q4_0_dot1, q4_0_dot2, q4_0_dot3, q4_0_dot4, q4_0_dot5, q4_0_dot6 = (_make("q4_0", r) for r in range(1, 7))
-q4_1_dot1, q4_1_dot2, q4_1_dot3, q4_1_dot4, q4_1_dot5, q4_1_dot6 = (_make("q4_1", r) for r in range(1, 7))
-q8_0_dot1, q8_0_dot2, q8_0_dot3, q8_0_dot4, q8_0_dot5, q8_0_dot6 = (_make("q8_0", r) for r in range(1, 7))
-q5_0_dot1, q5_0_dot2, q5_0_dot3, q5_0_dot4, q5_0_dot5, q5_0_dot6 = (_make("q5_0", r) for r in range(1, 7))
-q5_1_dot1, q5_1_dot2, q5_1_dot3, q5_1_dot4, q5_1_dot5, q5_1_dot6 = (_make("q5_1", r) for r in range(1, 7))
+DOTS = {(kind, rows): _make(kind, rows) for kind in _LAYOUTS for rows in range(1, 7)}
+"""The exact dot intrinsics by (kind, activation rows), 1 to 6 rows per call: 6 rows of 4 chains are 24
+accumulators, which leaves registers for the decoded block (at 8 rows, 32 accumulators fill the register
+file and the kernels ran 1.3x slower than in groups of 4). What legacy.py's driver calls."""

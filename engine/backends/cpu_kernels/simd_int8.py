@@ -584,84 +584,10 @@ def _make(kind: str, rows: int, path: int):
     return intrinsic(typer)
 
 
-# module-level names (numba resolves intrinsics as globals): <type>_<path><rows>, 1 to 8 rows
-(
-    q4_0_portable1,
-    q4_0_portable2,
-    q4_0_portable3,
-    q4_0_portable4,
-    q4_0_portable5,
-    q4_0_portable6,
-    q4_0_portable7,
-    q4_0_portable8,
-) = (_make("q4_0", r, PORTABLE) for r in ROW_COUNTS)
-q4_0_avx21, q4_0_avx22, q4_0_avx23, q4_0_avx24, q4_0_avx25, q4_0_avx26, q4_0_avx27, q4_0_avx28 = (
-    _make("q4_0", r, AVX2) for r in ROW_COUNTS
-)
-q4_0_vnni1, q4_0_vnni2, q4_0_vnni3, q4_0_vnni4, q4_0_vnni5, q4_0_vnni6, q4_0_vnni7, q4_0_vnni8 = (
-    _make("q4_0", r, VNNI) for r in ROW_COUNTS
-)
-(
-    q4_1_portable1,
-    q4_1_portable2,
-    q4_1_portable3,
-    q4_1_portable4,
-    q4_1_portable5,
-    q4_1_portable6,
-    q4_1_portable7,
-    q4_1_portable8,
-) = (_make("q4_1", r, PORTABLE) for r in ROW_COUNTS)
-q4_1_avx21, q4_1_avx22, q4_1_avx23, q4_1_avx24, q4_1_avx25, q4_1_avx26, q4_1_avx27, q4_1_avx28 = (
-    _make("q4_1", r, AVX2) for r in ROW_COUNTS
-)
-q4_1_vnni1, q4_1_vnni2, q4_1_vnni3, q4_1_vnni4, q4_1_vnni5, q4_1_vnni6, q4_1_vnni7, q4_1_vnni8 = (
-    _make("q4_1", r, VNNI) for r in ROW_COUNTS
-)
-(
-    q8_0_portable1,
-    q8_0_portable2,
-    q8_0_portable3,
-    q8_0_portable4,
-    q8_0_portable5,
-    q8_0_portable6,
-    q8_0_portable7,
-    q8_0_portable8,
-) = (_make("q8_0", r, PORTABLE) for r in ROW_COUNTS)
-q8_0_avx21, q8_0_avx22, q8_0_avx23, q8_0_avx24, q8_0_avx25, q8_0_avx26, q8_0_avx27, q8_0_avx28 = (
-    _make("q8_0", r, AVX2) for r in ROW_COUNTS
-)
-q8_0_vnni1, q8_0_vnni2, q8_0_vnni3, q8_0_vnni4, q8_0_vnni5, q8_0_vnni6, q8_0_vnni7, q8_0_vnni8 = (
-    _make("q8_0", r, VNNI) for r in ROW_COUNTS
-)
-(
-    q5_0_portable1,
-    q5_0_portable2,
-    q5_0_portable3,
-    q5_0_portable4,
-    q5_0_portable5,
-    q5_0_portable6,
-    q5_0_portable7,
-    q5_0_portable8,
-) = (_make("q5_0", r, PORTABLE) for r in ROW_COUNTS)
-q5_0_avx21, q5_0_avx22, q5_0_avx23, q5_0_avx24, q5_0_avx25, q5_0_avx26, q5_0_avx27, q5_0_avx28 = (
-    _make("q5_0", r, AVX2) for r in ROW_COUNTS
-)
-q5_0_vnni1, q5_0_vnni2, q5_0_vnni3, q5_0_vnni4, q5_0_vnni5, q5_0_vnni6, q5_0_vnni7, q5_0_vnni8 = (
-    _make("q5_0", r, VNNI) for r in ROW_COUNTS
-)
-(
-    q5_1_portable1,
-    q5_1_portable2,
-    q5_1_portable3,
-    q5_1_portable4,
-    q5_1_portable5,
-    q5_1_portable6,
-    q5_1_portable7,
-    q5_1_portable8,
-) = (_make("q5_1", r, PORTABLE) for r in ROW_COUNTS)
-q5_1_avx21, q5_1_avx22, q5_1_avx23, q5_1_avx24, q5_1_avx25, q5_1_avx26, q5_1_avx27, q5_1_avx28 = (
-    _make("q5_1", r, AVX2) for r in ROW_COUNTS
-)
-q5_1_vnni1, q5_1_vnni2, q5_1_vnni3, q5_1_vnni4, q5_1_vnni5, q5_1_vnni6, q5_1_vnni7, q5_1_vnni8 = (
-    _make("q5_1", r, VNNI) for r in ROW_COUNTS
-)
+ROW_DOTS = {
+    (kind, path, rows): _make(kind, rows, path)
+    for kind in _LAYOUTS
+    for path in (PORTABLE, AVX2, VNNI)
+    for rows in ROW_COUNTS
+}
+"""The row-dot intrinsics by (kind, int8 path, activation rows): what legacy_int8's driver calls."""
