@@ -99,44 +99,41 @@ def _q8_0_row(row, w):
 
 
 @njit(inline="always", cache=True)
-def _q5_0_row(row, w):
+def _five_bit_row(row, w, block_bytes, qh_at, has_min):
+    """A Q5_0 (has_min False: d * (q - 16)) or Q5_1 (d * q + m) row: d f16 (then m f16), qh u32 at
+    `qh_at` (bit j: the fifth bit of weight j), qs[16] after it."""
     for k in range(w.shape[0] // QK):
-        off = k * 22
+        off = k * block_bytes
         d = half_to_f32(row[off], row[off + 1])
+        m = half_to_f32(row[off + 2], row[off + 3]) if has_min else np.float32(0.0)
+        at = off + qh_at
         qh = (
-            np.uint32(row[off + 2])
-            | (np.uint32(row[off + 3]) << np.uint32(8))
-            | (np.uint32(row[off + 4]) << np.uint32(16))
-            | (np.uint32(row[off + 5]) << np.uint32(24))
+            np.uint32(row[at])
+            | (np.uint32(row[at + 1]) << np.uint32(8))
+            | (np.uint32(row[at + 2]) << np.uint32(16))
+            | (np.uint32(row[at + 3]) << np.uint32(24))
         )
         base = k * QK
         for j in range(16):
-            q = row[off + 6 + j]
+            q = row[at + 4 + j]
             low = np.int32(q & 15) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
             high = np.int32(q >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
-            w[base + j] = d * np.float32(low - 16)
-            w[base + 16 + j] = d * np.float32(high - 16)
+            if has_min:
+                w[base + j] = d * np.float32(low) + m
+                w[base + 16 + j] = d * np.float32(high) + m
+            else:
+                w[base + j] = d * np.float32(low - 16)
+                w[base + 16 + j] = d * np.float32(high - 16)
+
+
+@njit(inline="always", cache=True)
+def _q5_0_row(row, w):
+    _five_bit_row(row, w, 22, 2, False)
 
 
 @njit(inline="always", cache=True)
 def _q5_1_row(row, w):
-    for k in range(w.shape[0] // QK):
-        off = k * 24
-        d = half_to_f32(row[off], row[off + 1])
-        m = half_to_f32(row[off + 2], row[off + 3])
-        qh = (
-            np.uint32(row[off + 4])
-            | (np.uint32(row[off + 5]) << np.uint32(8))
-            | (np.uint32(row[off + 6]) << np.uint32(16))
-            | (np.uint32(row[off + 7]) << np.uint32(24))
-        )
-        base = k * QK
-        for j in range(16):
-            q = row[off + 8 + j]
-            low = np.int32(q & 15) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
-            high = np.int32(q >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
-            w[base + j] = d * np.float32(low) + m
-            w[base + 16 + j] = d * np.float32(high) + m
+    _five_bit_row(row, w, 24, 4, True)
 
 
 # ---- matmul_exact: one driver, specialised per type
