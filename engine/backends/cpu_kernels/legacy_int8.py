@@ -6,7 +6,8 @@ over tiles of TILE weight rows); within a tile the activation rows go in groups 
 the 1 to 7 left, each group sharing every decoded weight pair (simd_int8.py), so up to 8 rows (k drafts
 and the bonus row of a verify step) cost one pass over the weights. Every out[b, o] goes through the
 same per-row arithmetic in the same order whatever group it is in, so a row's result is bit-identical
-alone or anywhere in a batch.
+alone or anywhere in a batch. From legacy_tiles_int8.min_rows activation rows a call takes the tiled
+kernel of legacy_tiles_int8.py instead, which gives the same bits.
 One driver, `_matmul`, specialised per type and int8 path (both literal arguments), so a process compiles
 (or loads from numba's cache) only its model's types on the path its host runs; `matmul_int8_path`
 reaches the other paths (the tests compare them bit for bit).
@@ -23,7 +24,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from . import simd_int8
+from . import legacy_tiles_int8, simd_int8
 from .simd import store_column
 
 TILE = 16
@@ -106,14 +107,14 @@ def _rows_of(kind, path, count, row, xa, xu, xsum, xs_sum, xs4, b):
 # compiling two of them at once (test workers, two types) can pair one key with the other's code; each
 # `bound_kernel` holds its copy of this driver in a cache file of its own.
 @njit(parallel=True)
-def _matmul(blocks, xq, xs, out, kind, path):
+def _row_dots(blocks, xq, xs, out, kind, path):
     """out = the int8 product of `blocks` of type `kind` (a simd_int8 kind name) with the activations,
-    on int8 path `path`. Both are made literals, so each type and path compiles a driver holding only
-    that type's row dots."""
+    on int8 path `path`, through the row dots. Both are made literals, so each type and path compiles a
+    driver holding only that type's row dots."""
     numba.literally(kind)
     numba.literally(path)
-    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
     batch = xq.shape[0]
+    xa, xu, xsum, xs_sum, xs4 = int8_activations(xq, xs)
     eights = batch - batch % 8
     rest = batch - eights
     rows = blocks.shape[0]
@@ -146,17 +147,38 @@ def _matmul(blocks, xq, xs, out, kind, path):
                 store_column(out, b, o, _rows(kind, path, 7, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
 
 
+@njit
+def _matmul(blocks, xq, xs, out, kind, path):
+    """`_row_dots`, or from legacy_tiles_int8.min_rows activation rows the tiled kernel (the same bits,
+    faster there)."""
+    numba.literally(kind)
+    numba.literally(path)
+    if xq.shape[0] >= legacy_tiles_int8.tiled_from(kind, path):
+        legacy_tiles_int8.tiled_matmul(blocks, xq, xs, out, kind, path)
+    else:
+        _row_dots(blocks, xq, xs, out, kind, path)
+
+
 @functools.cache
-def bound_kernel(kind: str, path: int) -> Callable[..., None]:
-    """`_matmul` for one type (a simd_int8 kind name) and int8 path as a compiled function (blocks, xq,
-    xs, out): the literals bound in at compile time, where a Python call passing them would make numba
-    retry its typing on every call (about 0.2 s). Each is cached by numba in files of its own (named by
-    its qualified name); compiled callers (decode_row.py) take it as a function value."""
+def bound_kernel(kind: str, path: int, tiles: bool = True) -> Callable[..., None]:
+    """`_matmul` (`_row_dots` without `tiles`) for one type (a simd_int8 kind name) and int8 path as a
+    compiled function (blocks, xq, xs, out): the literals bound in at compile time, where a Python call
+    passing them would make numba retry its typing on every call (about 0.2 s). Each is cached by numba
+    in files of its own (named by its qualified name); compiled callers (decode_row.py) take it as a
+    function value."""
+    # each variant names its driver as a global: numba keys a closure's cache entries by its captured
+    # values, and a captured dispatcher pickles differently in every process (a new entry each run)
+    if tiles:
 
-    def bound(blocks, xq, xs, out):
-        _matmul(blocks, xq, xs, out, kind, path)
+        def bound(blocks, xq, xs, out):
+            _matmul(blocks, xq, xs, out, kind, path)
 
-    bound.__qualname__ = f"{kind}_int8_{PATH_NAMES[path]}"
+    else:
+
+        def bound(blocks, xq, xs, out):
+            _row_dots(blocks, xq, xs, out, kind, path)
+
+    bound.__qualname__ = f"{kind}_int8_{PATH_NAMES[path]}" + ("" if tiles else "_row_dots")
     return njit(cache=True)(bound)
 
 
