@@ -47,6 +47,7 @@ from .simd_int8 import (
     available_paths,
     concat,
     const_vec,
+    half,
 )
 
 TILE = 16
@@ -59,16 +60,16 @@ NEVER = 1 << 62
 def min_rows(kind: str, path: int) -> int:
     """Activation rows from which legacy_int8 takes the tiled kernel on int8 path `path` (fewer: the row
     dots, which decode each weight pair in registers for up to 8 rows, where a tile writes its unpacked
-    rows out and reads them back). Measured by `scripts/bench_legacy_tiles.py` (an 8192 x 2048 matrix,
-    2 threads, an Intel Xeon with AVX-512 VNNI), tiled / row-dot speed: VNNI Q4_0 0.83x at 16 rows, 1.17x
-    at 32, 1.39x at 64, 1.59x at 256; Q8_0 0.93x, 1.19x, 1.41x, 1.42x; Q4_1 1.06x, 1.40x, 1.40x, 1.59x.
-    The AVX2 path on the same CPU: Q4_0 0.88x at 32, 1.01x at 64, 1.10x at 256, 1.15x at 512 (Q4_1
-    alike); Q8_0 (vpsignb, A and B apart) 0.89x at 256, 0.94x at 512, so never."""
+    rows out and reads them back). Measured by `scripts/bench_legacy_tiles.py --rows 16,24,32,64,128,256`
+    (an 8192 x 2048 matrix, 2 threads, an Intel Xeon with AVX-512 VNNI), tiled / row-dot speed: VNNI Q4_0
+    1.06x at 16 rows, 1.43x at 32, 1.68x at 256; Q8_0 1.09x, 1.19x, 1.63x; Q4_1 1.11x, 1.51x, 1.64x. The
+    AVX2 path on the same CPU: Q4_0 0.92x at 16, 1.05x at 32, 1.07x at 64, 1.13x at 256; Q4_1 0.87x,
+    1.00x, 1.04x, 1.12x; Q8_0 (vpsignb, A and B apart) 0.75-0.90x, so never."""
     paths = available_paths()
     if path == VNNI and VNNI in paths:
-        return 32
+        return 16
     if path == AVX2 and AVX2 in paths and kind != "q8_0":
-        return 128
+        return 64
     return NEVER
 
 
@@ -331,6 +332,7 @@ def _unpack_codegen(kind: str):
     v16 = ir.VectorType(_I8, 16)
     v32 = ir.VectorType(_I8, 32)
     v4 = ir.VectorType(_I32, 4)
+    fast_sums = AVX2 in available_paths()
 
     def codegen(context, builder, signature, args):
         row, wq, init, dd, dm = (
@@ -374,14 +376,19 @@ def _unpack_codegen(kind: str):
             weights = load_vec(builder, quants, v32)
         w_at = builder.gep(wq_ptr, [builder.mul(k, ir.Constant(_I64, 32))])
         builder.store(weights, builder.bitcast(w_at, v32.as_pointer()), align=1)
-        # per row-dot lane l: -128 * (weights 4l..4l+3 + weights 16 + 4l..16 + 4l + 3)
-        wide = builder.sext(weights, ir.VectorType(_I32, 32))
-        lanes = None
-        for part in range(8):
-            picked = builder.shuffle_vector(
-                wide, wide, ir.Constant(v4, [4 * lane + part % 4 + 16 * (part // 4) for lane in range(4)])
-            )
-            lanes = picked if lanes is None else builder.add(lanes, picked)
+        # per row-dot lane l: -128 * (weights 4l..4l+3 + weights 16 + 4l..16 + 4l + 3); with AVX2 the
+        # sums of four by one vpmaddubsw against ones and one vpmaddwd (a third of the widening's time)
+        if fast_sums:
+            quads = _pmaddwd_ones(builder, _pmaddubsw(builder, const_vec(v32, 1), weights))
+            lanes = builder.add(half(builder, quads, 0), half(builder, quads, 1))
+        else:
+            wide = builder.sext(weights, ir.VectorType(_I32, 32))
+            lanes = None
+            for part in range(8):
+                picked = builder.shuffle_vector(
+                    wide, wide, ir.Constant(v4, [4 * lane + part % 4 + 16 * (part // 4) for lane in range(4)])
+                )
+                lanes = picked if lanes is None else builder.add(lanes, picked)
         correction = builder.mul(lanes, const_vec(v4, -128))
         i_at = builder.gep(init_ptr, [builder.mul(k, ir.Constant(_I64, 4))])
         builder.store(correction, builder.bitcast(i_at, v4.as_pointer()), align=4)
