@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 
 from .features import cpu_features
 from .kquants_simd_int8 import BLOCK_BYTES, _block_halves, _chunk_quants, _superblock_scales
-from .simd import call_intrinsic, fma, is_c_array, load_vec, splat
+from .simd import call_intrinsic, fma, is_c_array, load_vec, splat, store_tile, tile_signature
 from .simd_int8 import (
     AVX2,
     PORTABLE,
@@ -259,12 +259,8 @@ def _make(kind: str, path: int):
             (xbp, types.int32, 4),
             (res, types.float32, 2),
         )
-        if not all(is_c_array(a, t, n) for a, t, n in arrays):
-            return None
-        if not (isinstance(g, types.Integer) and isinstance(r0, types.Integer)):
-            return None
-        sig = types.void(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, types.int64, types.int64)
-        return sig, _codegen(kind, path, lanes, rows)
+        sig = tile_signature(arrays, g, r0)
+        return None if sig is None else (sig, _codegen(kind, path, lanes, rows))
 
     typer.__name__ = f"{kind}_tile_{('portable', 'avx2', 'vnni')[path]}"
     return intrinsic(typer)
@@ -502,6 +498,4 @@ def tiled_matmul(blocks, xp, xdp, xbp, n_b, out, kind, path, lanes, rows, thread
                 valid = min(lanes, n_b - g * lanes)
                 for r0 in range(0, count, rows):
                     _tile_call(kind, path, wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
-                    for r in range(min(rows, count - r0)):
-                        for lane in range(valid):
-                            out[g * lanes + lane, o0 + r0 + r] = res[r, lane]
+                    store_tile(out, res, g * lanes, o0 + r0, min(rows, count - r0), valid)

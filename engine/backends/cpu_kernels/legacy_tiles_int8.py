@@ -33,7 +33,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from .kquants_tiles_int8 import _dot4, path_lanes
-from .simd import fma, is_c_array, load_vec, splat
+from .simd import fma, is_c_array, load_vec, splat, store_tile, tile_signature
 from .simd_int8 import (
     _LAYOUTS,
     AVX2,
@@ -282,12 +282,8 @@ def _make(kind: str, path: int):
             (xssp, types.float32, 3),
             (res, types.float32, 2),
         )
-        if not all(is_c_array(a, t, n) for a, t, n in arrays):
-            return None
-        if not (isinstance(g, types.Integer) and isinstance(r0, types.Integer)):
-            return None
-        sig = types.void(wq, init, dd, dm, xp, xsp, xssp, res, types.int64, types.int64)
-        return sig, _codegen(kind, path, lanes, rows)
+        sig = tile_signature(arrays, g, r0)
+        return None if sig is None else (sig, _codegen(kind, path, lanes, rows))
 
     typer.__name__ = f"{kind}_legacy_tile_{('portable', 'avx2', 'vnni')[path]}"
     return intrinsic(typer)
@@ -526,9 +522,7 @@ def tiled_matmul(blocks, xq, xs, out, kind, path):
                 valid = min(lanes, n_b - g * lanes)
                 for r0 in range(0, count, rows):
                     _tile(kind, path, wq, init, dd, dm, xp, xsp, xssp, res, g, r0)
-                    for r in range(min(rows, count - r0)):
-                        for lane in range(valid):
-                            out[g * lanes + lane, o0 + r0 + r] = res[r, lane]
+                    store_tile(out, res, g * lanes, o0 + r0, min(rows, count - r0), valid)
 
 
 @functools.cache

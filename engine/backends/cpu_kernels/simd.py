@@ -56,6 +56,15 @@ def splat(builder: ir.IRBuilder, value: ir.Value, width: int = 16) -> ir.Value:
 
 
 @njit(inline="always", cache=True)
+def store_tile(out, res, first_row, first_out, rows, lanes):
+    """out[first_row + lane, first_out + r] = res[r, lane] for r < rows, lane < lanes: a tiled kernel's
+    results (res [weight rows, lanes], one activation row a lane) written into their output columns."""
+    for r in range(rows):
+        for lane in range(lanes):
+            out[first_row + lane, first_out + r] = res[r, lane]
+
+
+@njit(inline="always", cache=True)
 def store_column(out, b, o, values):
     """out[b + i, o] = values[i]: one weight row's dot products with activation rows b, b + 1, ...
     (the tuple a row-dot intrinsic returns) written into the output column o."""
@@ -191,6 +200,16 @@ def sum_lanes(builder: ir.IRBuilder, vec: ir.Value) -> ir.Value:
         vec = builder.fadd(low, high)
         width = half
     return builder.extract_element(vec, ir.Constant(idx, 0))
+
+
+def tile_signature(arrays: tuple, g: types.Type, r0: types.Type) -> types.Type | None:
+    """void(the arrays, int64 g, int64 r0) for a tiled kernel's typer when each (type, dtype, ndim) of
+    `arrays` is a C-contiguous array of that dtype and rank and g and r0 are integers; else None."""
+    if not all(is_c_array(a, t, n) for a, t, n in arrays):
+        return None
+    if not (isinstance(g, types.Integer) and isinstance(r0, types.Integer)):
+        return None
+    return types.void(*(a for a, _, _ in arrays), types.int64, types.int64)
 
 
 def is_c_array(value: types.Type, dtype: types.Type, ndim: int) -> bool:
