@@ -4,6 +4,10 @@ remainder, an odd last block and weight rows past a whole tile."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
@@ -70,3 +74,13 @@ def test_min_rows_follows_the_paths_the_host_runs() -> None:
         simd_int8.VNNI in paths
     )
     assert legacy_tiles_int8.min_rows("q8_0", simd_int8.AVX2) == legacy_tiles_int8.NEVER
+
+
+def test_bench_legacy_tiles_prints_both_kernels_and_their_ratio() -> None:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_legacy_tiles.py"
+    args = ["--types", "q4_0", "--paths", "portable", "--rows", "3,17", "--shape", "32x64", "--repeats", "1"]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, check=True)
+    lines = [line for line in done.stdout.splitlines() if " rows: row dots " in line]
+    assert [line.split()[2] for line in lines] == ["3", "17"]
+    assert all("GOP/s, tiled" in line and line.endswith("x") for line in lines)
+    assert "q4_0 portable: the public kernel takes the tiled one never" in done.stdout
