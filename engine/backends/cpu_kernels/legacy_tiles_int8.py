@@ -36,15 +36,16 @@ from .kquants_tiles_int8 import _dot4, path_lanes
 from .simd import fma, is_c_array, load_vec, splat, store_tile, tile_signature
 from .simd_int8 import (
     _LAYOUTS,
+    _OFFSETS,
     AVX2,
     PORTABLE,
     VNNI,
-    _fifth_bits,
     _halves_avx2,
     _pmaddubsw,
     _pmaddwd_ones,
     _psignb,
     available_paths,
+    block_quants,
     concat,
     const_vec,
     half,
@@ -80,15 +81,6 @@ _I64 = ir.IntType(64)
 _F32 = ir.FloatType()
 
 KINDS = tuple(_LAYOUTS)
-UNPACK = {
-    # block bytes, quants at, min at (-1: none), nibbles, qh at (-1: none), offset subtracted
-    "q4_0": (18, 2, -1, 1, -1, 8),
-    "q4_1": (20, 4, 2, 1, -1, 0),
-    "q8_0": (34, 2, -1, 0, -1, 0),
-    "q5_0": (22, 6, -1, 1, 2, 16),
-    "q5_1": (24, 8, 2, 1, 4, 0),
-}
-"""How each type's block is read (ggml's layouts; Q5's bit j of qh is the fifth bit of weight j)."""
 
 
 def signed_activations(kind: str, path: int) -> bool:
@@ -119,8 +111,8 @@ def _lane_sum(builder, path, sign_trick, xa, wa, xb, wb, init):
 
 
 def _codegen(kind: str, path: int, lanes: int, rows: int):
-    has_min = UNPACK[kind][2] >= 0
-    sign_trick = kind == "q8_0" and path == AVX2
+    has_min = _LAYOUTS[kind][2]
+    sign_trick = signed_activations(kind, path)
     ity = ir.VectorType(_I32, lanes)
     fty = ir.VectorType(_F32, lanes)
     bty = ir.VectorType(_I8, 4 * lanes)
@@ -324,8 +316,8 @@ def pack_activations(xq, xs, lanes, signed):
 
 
 def _unpack_codegen(kind: str):
-    block_bytes, quants_at, min_at, nibbles, qh_at, offset = UNPACK[kind]
-    v16 = ir.VectorType(_I8, 16)
+    block_bytes, _, has_min, _ = _LAYOUTS[kind]
+    offset = _OFFSETS.get(kind, 0)
     v32 = ir.VectorType(_I8, 32)
     v4 = ir.VectorType(_I32, 4)
     fast_sums = AVX2 in available_paths()
@@ -353,23 +345,11 @@ def _unpack_codegen(kind: str):
         k = builder.phi(_I64)
         blk = builder.gep(row_ptr, [builder.mul(k, ir.Constant(_I64, block_bytes))])
         builder.store(half_at(blk, 0), builder.gep(dd_ptr, [k]))
-        if min_at >= 0:
-            builder.store(half_at(blk, min_at), builder.gep(dm_ptr, [k]))
-        quants = builder.gep(blk, [ir.Constant(_I64, quants_at)])
-        if nibbles:  # the low nibbles are weights 0-15, the high ones 16-31
-            q = load_vec(builder, quants, v16)
-            low = builder.and_(q, const_vec(v16, 15))
-            high = builder.lshr(q, const_vec(v16, 4))
-            if qh_at >= 0:  # bit j of qh is the fifth bit of weight j
-                qh_ptr = builder.gep(blk, [ir.Constant(_I64, qh_at)])
-                qh = builder.load(builder.bitcast(qh_ptr, _I32.as_pointer()), align=1)
-                low = builder.or_(low, _fifth_bits(builder, qh, 0))
-                high = builder.or_(high, _fifth_bits(builder, qh, 16))
-            weights = concat(builder, low, high)
-            if offset:
-                weights = builder.sub(weights, const_vec(v32, offset))
-        else:
-            weights = load_vec(builder, quants, v32)
+        if has_min:  # d, then m
+            builder.store(half_at(blk, 2), builder.gep(dm_ptr, [k]))
+        weights = concat(builder, *block_quants(builder, kind, blk))
+        if offset:
+            weights = builder.sub(weights, const_vec(v32, offset))
         w_at = builder.gep(wq_ptr, [builder.mul(k, ir.Constant(_I64, 32))])
         builder.store(weights, builder.bitcast(w_at, v32.as_pointer()), align=1)
         # per row-dot lane l: -128 * (weights 4l..4l+3 + weights 16 + 4l..16 + 4l + 3); with AVX2 the

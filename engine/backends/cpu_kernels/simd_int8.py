@@ -336,13 +336,33 @@ def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value, first: int) -> ir.Value:
     return builder.select(isset, const_vec(_V16I8, 16), ir.Constant(_V16I8, None))
 
 
+def block_quants(builder: ir.IRBuilder, kind: str, start: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """A block's stored quants as two <16 x i8>, weights 0-15 and 16-31: a nibble block's low and high
+    nibbles as loaded (the 5-bit types' fifth bits or-ed in from qh), Q8_0's bytes as they are."""
+    _, quant_offset, _, nibbles = _LAYOUTS[kind]
+    quants = builder.gep(start, [ir.Constant(_I64, quant_offset)])
+    if not nibbles:
+        return load_vec(builder, quants, _V16I8), load_vec(
+            builder, builder.gep(quants, [ir.Constant(_I64, 16)]), _V16I8
+        )
+    q = load_vec(builder, quants, _V16I8)
+    low = builder.and_(q, const_vec(_V16I8, 15))
+    high = builder.lshr(q, const_vec(_V16I8, 4))
+    if kind in _FIFTH_BITS:  # bit j of the block's qh is the fifth bit of its weight j
+        qh_at = builder.gep(start, [ir.Constant(_I64, _FIFTH_BITS[kind])])
+        qh = builder.load(builder.bitcast(qh_at, _I32.as_pointer()), align=1)
+        low = builder.or_(low, _fifth_bits(builder, qh, 0))
+        high = builder.or_(high, _fifth_bits(builder, qh, 16))
+    return low, high
+
+
 class _Blocks:
     """The weight side of a block pair (`count` 64 bytes of weights) or of the odd last block (32),
     shared by every activation row of a call: the quants in two halves, A (weights 0-15 of each block)
     and B (weights 16-31), the blocks side by side in each, and the block scales."""
 
     def __init__(self, builder, kind: str, path: int, blk, count: int, signed: bool):
-        block_bytes, quant_offset, has_min, nibbles = _LAYOUTS[kind]
+        block_bytes, _, has_min, _ = _LAYOUTS[kind]
         blocks = count // 32
         starts = [builder.gep(blk, [ir.Constant(_I64, i * block_bytes)]) for i in range(blocks)]
         # the block scales (Q4_1: d and m, one 32-bit load per block) as halves in one vector: [d0, d1,
@@ -356,23 +376,7 @@ class _Blocks:
             bits = builder.load(builder.bitcast(start, bits_ty.as_pointer()), align=1)
             scale_bits = builder.insert_element(scale_bits, bits, ir.Constant(_I32, i))
         self.scales = builder.bitcast(scale_bits, ir.VectorType(ir.HalfType(), 4))
-        part_a, part_b = [], []
-        for start in starts:
-            quants = builder.gep(start, [ir.Constant(_I64, quant_offset)])
-            if nibbles:  # the low nibbles are weights 0-15, the high ones 16-31
-                q = load_vec(builder, quants, _V16I8)
-                low = builder.and_(q, const_vec(_V16I8, 15))
-                high = builder.lshr(q, const_vec(_V16I8, 4))
-                if kind in _FIFTH_BITS:  # bit j of the block's qh is the fifth bit of its weight j
-                    qh_at = builder.gep(start, [ir.Constant(_I64, _FIFTH_BITS[kind])])
-                    qh = builder.load(builder.bitcast(qh_at, _I32.as_pointer()), align=1)
-                    low = builder.or_(low, _fifth_bits(builder, qh, 0))
-                    high = builder.or_(high, _fifth_bits(builder, qh, 16))
-                part_a.append(low)
-                part_b.append(high)
-            else:
-                part_a.append(load_vec(builder, quants, _V16I8))
-                part_b.append(load_vec(builder, builder.gep(quants, [ir.Constant(_I64, 16)]), _V16I8))
+        part_a, part_b = zip(*(block_quants(builder, kind, start) for start in starts), strict=True)
         self.wa = part_a[0] if blocks == 1 else concat(builder, part_a[0], part_a[1])
         self.wb = part_b[0] if blocks == 1 else concat(builder, part_b[0], part_b[1])
         self.init = None
