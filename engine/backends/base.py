@@ -233,6 +233,10 @@ class HostSetup:
     def prepare_thread(self) -> None:
         """Called first in the thread that runs the engine's steps, if not the one that built it."""
 
+    def release_thread(self) -> None:
+        """Called in the thread that starts the engine's background step thread, before it starts:
+        free what this thread holds for running steps that the step thread would compete with."""
+
     def prepare_step(self) -> None:
         """Called before each engine step."""
 

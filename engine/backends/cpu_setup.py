@@ -16,6 +16,7 @@ from typing import Any
 
 from infer.engine.backends.base import BackendOptions, CompileReport, HostSetup
 from infer.engine.backends.cpu_threads import KernelThreads, LoadPolicy, others_busy, threads_for, usable_cpus
+from infer.engine.backends.openmp_pool import release_calling_thread_pool
 
 
 def uses_kernels(options: BackendOptions) -> bool:
@@ -86,12 +87,12 @@ def idle_threads_sleep() -> None:
 
     Endless spinning waits for a partner the OS has not scheduled: with other processes on the cores,
     decode fell to 1-3 tok/s (scripts/bench_contention.py). Sleeping at once (PASSIVE) costs a futex
-    wake per parallel region: decode fell from ~185 to ~63 tok/s on an idle 2-core machine, and libgomp
-    uses that short "throttled" spin anyway whenever its threads outnumber the cores (the engine's
-    step thread beside the main thread's pool). ACTIVE with a bounded count (20,000 spins, some tens
-    of microseconds: longer than the gap between two kernels of one step, far shorter than a time
-    slice) keeps both: 200 tok/s idle, from the main or a background thread. Must run before the
-    kernels' first parallel call."""
+    wake per parallel region: decode fell from ~185 to ~63 tok/s on an idle 2-core machine. ACTIVE
+    with a bounded count (20,000 spins, some tens of microseconds: longer than the gap between two
+    kernels of one step, far shorter than a time slice) keeps both. libgomp caps the spin at 1,000
+    whenever its threads outnumber the cores, as the engine's step thread's pool beside the loading
+    thread's did: `release_thread` frees the latter when the step thread starts (openmp_pool.py).
+    Must run before the kernels' first parallel call."""
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return
     os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
@@ -191,6 +192,12 @@ class CpuSetup(HostSetup):
     def prepare_thread(self) -> None:
         """The step thread runs the kernels on the fixed thread count, if one is."""
         self.step_threads.prepare_thread()
+
+    def release_thread(self) -> None:
+        """Free this thread's OpenMP pool before the step thread starts (openmp_pool.py: with both
+        pools alive libgomp makes every worker sleep between kernels)."""
+        if self.step_threads.kernels:
+            release_calling_thread_pool()
 
     def prepare_step(self) -> None:
         """The kernels' thread count for the load now, when it adapts (threads 0)."""

@@ -289,6 +289,7 @@ class Engine:
         if self._background_running():
             return
         self._stopping = False
+        self.executor.release_thread()  # this thread runs no step while the loop runs
         self._thread = threading.Thread(target=self._loop, name="infer-engine", daemon=True)
         self._thread.start()
 

@@ -72,6 +72,13 @@ class Executor:
         if prepare is not None:
             prepare()
 
+    def release_thread(self) -> None:
+        """Let the backend free what the calling thread holds for steps, before the engine's background
+        step thread starts (the cpu backend: its OpenMP pool)."""
+        release = getattr(self.backend, "release_thread", None)
+        if release is not None:
+            release()
+
     def warm_up(self, slot: int) -> None:
         """One throwaway decode row (token 0 at position 0 of `slot`), so whatever the backend
         prepares on first use happens now."""
