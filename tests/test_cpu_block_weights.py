@@ -9,6 +9,7 @@ which tests/test_cpu_kernels*.py check against the same dequantized reference.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,8 +17,17 @@ from cli_process import infer_cli
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from infer.engine.backends.cpu import KERNEL_ROWS, BlockWeight, CpuBackend, DenseWeight, StackedWeight
+from infer.engine.backends.cpu import (
+    INT8_MAX_ROWS,
+    KERNEL_ROWS,
+    BlockWeight,
+    CpuBackend,
+    DenseWeight,
+    StackedWeight,
+    int8_rows_per_call,
+)
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
+from infer.engine.backends.cpu_memory import l2_cache_bytes
 from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.loader import load_checkpoint
 from infer.engine.models import build_model
@@ -246,3 +256,58 @@ def test_rows_in_their_own_order_are_the_tensor_itself_and_others_a_gathered_cop
     swapped = tensor.with_rows(order)
     assert swapped.blocks is not blocks and np.array_equal(swapped.blocks, blocks[order])
     assert swapped.shape == tensor.shape and swapped.type_name == "Q8_0"
+
+
+def test_int8_calls_take_as_many_rows_as_half_the_l2_cache_holds() -> None:
+    """A byte an activation: half of a 2 MB L2 holds 512 rows of 2,048 columns, 128 of 8,192; the count
+    stays in sixteens between KERNEL_ROWS and INT8_MAX_ROWS, and is KERNEL_ROWS with no L2 size."""
+    assert int8_rows_per_call(2048, 2 << 20) == 512
+    assert int8_rows_per_call(8192, 2 << 20) == 128
+    assert int8_rows_per_call(8192, 1 << 20) == KERNEL_ROWS
+    assert int8_rows_per_call(3000, 2 << 20) == 336  # 349 rows fit: down to sixteens
+    assert int8_rows_per_call(64, 1 << 30) == INT8_MAX_ROWS
+    assert int8_rows_per_call(2048, None) == KERNEL_ROWS
+
+
+def test_the_l2_size_comes_from_sysfs(tmp_path) -> None:
+    for index, (level, kind, size) in enumerate(
+        [
+            ("1", "Data", "48K"),
+            ("1", "Instruction", "32K"),
+            ("2", "Unified", "2048K"),
+            ("3", "Unified", "480M"),
+        ]
+    ):
+        entry = tmp_path / f"index{index}"
+        entry.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (entry / name).write_text(value + "\n")
+    assert l2_cache_bytes(str(tmp_path)) == 2 << 20
+    assert l2_cache_bytes(str(tmp_path / "missing")) is None
+
+
+def test_int8_products_run_in_l2_sized_calls_with_the_bits_of_single_rows() -> None:
+    """Rows past KERNEL_ROWS go to the int8 kernel int8_rows_per_call at a time (here 128 of 32
+    columns: an L2 of 8 KB), and every row has the bits it has alone."""
+    from infer.engine.backends.cpu_kernels import KERNELS
+
+    calls: list[int] = []
+    q8 = KERNELS["Q8_0"]
+    assert q8.matmul_int8 is not None
+
+    def recording(blocks: np.ndarray, xq: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
+        calls.append(xq.shape[0])
+        q8.matmul_int8(blocks, xq, xs, out)  # type: ignore[misc]
+
+    table = {"Q8_0": replace(q8, matmul_int8=recording)}
+    backend = CpuBackend(kernels="int8", kernel_table=table)
+    backend._l2_bytes = 2 * 32 * 128
+    rng = np.random.default_rng(5)
+    weight = backend.weight(_blocks(rng, 24), quant="Q8_0", shape=(24, 32))
+    x = rng.standard_normal((300, 32)).astype(np.float32)
+    together = backend.linear(x, weight)
+    assert calls == [128, 128, 44]
+    for row in (0, 127, 128, 299):
+        assert (
+            backend.linear(x[row : row + 1], weight)[0].view(np.uint32) == together[row].view(np.uint32)
+        ).all()

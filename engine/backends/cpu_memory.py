@@ -96,3 +96,34 @@ def adjacent_rows(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
         address += array.nbytes
     rows = sum(array.shape[0] for array in arrays)
     return np.lib.stride_tricks.as_strided(first, (rows, first.shape[1]), first.strides, writeable=False)
+
+
+def l2_cache_bytes(cpu_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The size of the first core's level-2 cache (data or unified) from sysfs, or None where it is not
+    reported."""
+    try:
+        entries = sorted(os.listdir(cpu_dir))
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.startswith("index"):
+            continue
+        try:
+            with open(os.path.join(cpu_dir, entry, "level")) as level_file:
+                level = level_file.read().strip()
+            with open(os.path.join(cpu_dir, entry, "type")) as type_file:
+                kind = type_file.read().strip()
+            with open(os.path.join(cpu_dir, entry, "size")) as size_file:
+                size = size_file.read().strip()
+        except OSError:
+            continue
+        if level != "2" or kind not in ("Data", "Unified"):
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        try:
+            if size[-1:] in units:
+                return int(size[:-1]) * units[size[-1]]
+            return int(size)
+        except ValueError:
+            return None
+    return None
