@@ -7,6 +7,7 @@ import ctypes
 import mmap
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -105,21 +106,18 @@ def l2_cache_bytes(cpu_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> int |
         entries = sorted(os.listdir(cpu_dir))
     except OSError:
         return None
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     for entry in entries:
         if not entry.startswith("index"):
             continue
         try:
-            with open(os.path.join(cpu_dir, entry, "level")) as level_file:
-                level = level_file.read().strip()
-            with open(os.path.join(cpu_dir, entry, "type")) as type_file:
-                kind = type_file.read().strip()
-            with open(os.path.join(cpu_dir, entry, "size")) as size_file:
-                size = size_file.read().strip()
+            level, kind, size = (
+                Path(cpu_dir, entry, name).read_text().strip() for name in ("level", "type", "size")
+            )
         except OSError:
             continue
         if level != "2" or kind not in ("Data", "Unified"):
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         try:
             if size[-1:] in units:
                 return int(size[:-1]) * units[size[-1]]
