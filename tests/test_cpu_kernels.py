@@ -317,7 +317,8 @@ def test_first_run_says_it_compiles_the_kernels_and_later_runs_do_not(tmp_path, 
 def test_int8_odd_block_counts_and_row_groups(type_name, cols) -> None:
     """The int8 kernels take blocks in pairs with an odd last block apart, and activation rows in
     groups of 8 and 1..7: every batch size 1..16 on every path matches the quantized reference, and
-    each row equals itself computed alone."""
+    each row equals itself computed alone (one activation row: two weight rows a loop, and with 21 weight
+    rows the last of each tile alone)."""
     rng = np.random.default_rng(9)
     blocks = make_blocks(type_name, 21, cols, rng)
     ref_weights = dequantized(type_name, blocks).astype(np.float64)

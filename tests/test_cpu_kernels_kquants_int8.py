@@ -70,8 +70,9 @@ def test_matches_the_quantized_activation_reference(case: tuple[str, np.ndarray,
 
 
 def test_a_row_has_the_same_bits_in_every_batch(case: tuple[str, np.ndarray, np.ndarray]) -> None:
-    """Alone == at every position of batches of 1..40 rows (every group size and remainder of the row
-    dots, and from tiles.MIN_ROWS rows the tiled kernel: one, two and three groups of lanes, partial)."""
+    """Alone (one activation row: weight rows two a loop, N_OUT odd so a last one alone) == at every
+    position of batches of 1..40 rows (every group size and remainder of the row dots, and from
+    tiles.MIN_ROWS rows the tiled kernel: one, two and three groups of lanes, partial)."""
     type_name, blocks, _ = case
     rows = _rows(300, 40)
     acts = quantize_activations_k(rows)
@@ -90,13 +91,14 @@ def test_a_row_has_the_same_bits_in_every_batch(case: tuple[str, np.ndarray, np.
             assert np.array_equal(batch[pos], alone[i]), f"{type_name}: row {i} at {pos} of {n_b}"
 
 
-@pytest.mark.parametrize("n_b", [7, 37])
+@pytest.mark.parametrize("n_b", [1, 7, 37])
 @pytest.mark.parametrize("path", [PORTABLE, AVX2, VNNI])
 def test_every_int8_path_gives_the_same_bits(
     case: tuple[str, np.ndarray, np.ndarray], path: int, n_b: int
 ) -> None:
     """The integer lanes are exact, so each path (one the host lacks runs as portable) gives the bits of
-    the host's best path: the row dots (7 rows) and the tiled kernel (37)."""
+    the host's best path: a decode row's paired weight rows (1 row), the row dots (7) and the tiled
+    kernel (37)."""
     type_name, blocks, _ = case
     x = _rows(400, n_b)
     acts = quantize_activations_k(x)

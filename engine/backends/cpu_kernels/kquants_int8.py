@@ -3,7 +3,9 @@
 Activations come quantized per 256-block as llama.cpp's Q8_K (activations.quantize_activations_k: xq
 int8, a scale xd per 256, the sums xb of each 16 xq), the quantizer these kernels register. Threads
 split the output rows only (prange over tiles of TILE weight rows); each super-block's scales and chunks
-are decoded in registers and shared by up to four activation rows at a time. From
+are decoded in registers and shared by up to four activation rows at a time; one activation row (a
+decode step) takes two weight rows a loop instead (`_weight_pair`: one reduction tree for both, the
+prefetch covering the row after them: two streams of a thread keep more of memory's lines in flight). From
 kquants_tiles_int8.MIN_ROWS activation rows a call takes the tiled kernel instead (weights unpacked once
 per call, one activation row per lane), which computes the same integers and the same float part. Every
 out[b, o] goes through the same arithmetic in the same order whatever group or kernel it is in, and every
@@ -137,6 +139,35 @@ def _q6_k_rows(row, xq, xd, xb, b, count, o, out, path):
 
 
 @njit(inline="always", cache=True)
+def _weight_pair(blocks, xq, xd, xb, b, o, out, kind, path):
+    """out[b, o] and out[b, o + 1]: weight rows o and o + 1 against activation row b in one loop (a
+    decode row's products), each the same arithmetic as the one-row kernel's."""
+    row0, row1 = blocks[o], blocks[o + 1]
+    if kind == 0:
+        if path == 2:
+            pair = k8.q4_k_vnni_pair(row0, row1, xq, xd, xb, b)
+        elif path == 1:
+            pair = k8.q4_k_avx2_pair(row0, row1, xq, xd, xb, b)
+        else:
+            pair = k8.q4_k_portable_pair(row0, row1, xq, xd, xb, b)
+    elif kind == 1:
+        if path == 2:
+            pair = k8.q5_k_vnni_pair(row0, row1, xq, xd, xb, b)
+        elif path == 1:
+            pair = k8.q5_k_avx2_pair(row0, row1, xq, xd, xb, b)
+        else:
+            pair = k8.q5_k_portable_pair(row0, row1, xq, xd, xb, b)
+    elif path == 2:
+        pair = k8.q6_k_vnni_pair(row0, row1, xq, xd, xb, b)
+    elif path == 1:
+        pair = k8.q6_k_avx2_pair(row0, row1, xq, xd, xb, b)
+    else:
+        pair = k8.q6_k_portable_pair(row0, row1, xq, xd, xb, b)
+    out[b, o] = pair[0]
+    out[b, o + 1] = pair[1]
+
+
+@njit(inline="always", cache=True)
 def _weight_row(row, xq, xd, xb, lo, hi, o, out, kind, path):
     """out[lo .. hi - 1, o]: one weight row against activation rows lo .. hi - 1, GROUP at a time."""
     for b in range(lo, hi, GROUP):
@@ -155,8 +186,15 @@ def _int8_matmul(blocks, xq, xd, xb, out, kind, path):
     n_b = xq.shape[0]
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):
-        for o in range(t * TILE, min(rows, (t + 1) * TILE)):
-            _weight_row(blocks[o], xq, xd, xb, 0, n_b, o, out, kind, path)
+        start, stop = t * TILE, min(rows, (t + 1) * TILE)
+        if n_b == 1:  # decode: two weight rows a loop (the row after a pair is prefetched too)
+            for o in range(start, stop - 1, 2):
+                _weight_pair(blocks, xq, xd, xb, 0, o, out, kind, path)
+            if (stop - start) % 2:
+                _weight_row(blocks[stop - 1], xq, xd, xb, 0, 1, stop - 1, out, kind, path)
+        else:
+            for o in range(start, stop):
+                _weight_row(blocks[o], xq, xd, xb, 0, n_b, o, out, kind, path)
 
 
 @njit(cache=True)

@@ -21,6 +21,8 @@ super-block after super-block; the result is acc - accm. That per-super-block fo
 tiled kernels of kquants_tiles_int8.py compute for each (weight row, activation row), with activation
 rows in the lanes, so a row's bits are the same whichever of the two kernels a call takes.
 
+The `_pair` intrinsics run two weight rows against one activation row in one loop (decode): the same
+integers and float steps for each (weight row, activation row), in lanes of one vector.
 That order is written here, fixed for every row and call, and nothing in it depends on B or on the other
 rows of a call: a row's result is bit-identical alone, in any batch, as a verify row, and on every path
 (the integer lanes are the same numbers). numba's cache tracks only kquants_int8.py for these kernels:
@@ -326,22 +328,30 @@ def _avx2_superblock(builder, kind: str, block, rows: int, xq_rows, xb_rows, sb)
     return sums, terms
 
 
-def _codegen(kind: str, rows: int, path: int):
+def _codegen(kind: str, rows: int, path: int, weight_rows: int = 1):
     if path not in available_paths():
         path = PORTABLE
     wide = cpu_features().avx512_vnni
     block_bytes = BLOCK_BYTES[kind]
+    pairs = weight_rows * rows  # (weight row w, activation row r) -> lane w * rows + r
 
     def codegen(context, builder, signature, args):
-        row, xqa, xda, xba = (
+        weights = [
             context.make_array(t)(context, builder, a)
-            for t, a in zip(signature.args[:4], args[:4], strict=True)
+            for t, a in zip(signature.args[:weight_rows], args[:weight_rows], strict=True)
+        ]
+        xqa, xda, xba = (
+            context.make_array(t)(context, builder, a)
+            for t, a in zip(signature.args[weight_rows:-1], args[weight_rows:-1], strict=True)
         )
-        b0 = args[4]
-        row_ptr = builder.bitcast(row.data, _I8.as_pointer())
+        b0 = args[-1]
+        row_ptrs = [builder.bitcast(w.data, _I8.as_pointer()) for w in weights]
         n = builder.extract_value(xqa.shape, 1)
         n_sb = builder.udiv(n, ir.Constant(_I64, 256))
         sixteens = builder.udiv(n, ir.Constant(_I64, 16))
+        # With two weight rows (o, o + 1 of one matrix) the stream runs one row ahead of the single-row
+        # kernel's: the prefetch also covers the row after the pair, where the next pair starts.
+        row_bytes = builder.extract_value(weights[-1].shape, 0)
         xq_rows, xd_rows, xb_rows = [], [], []
         for r in range(rows):
             b = builder.add(b0, ir.Constant(_I64, r))
@@ -350,10 +360,10 @@ def _codegen(kind: str, rows: int, path: int):
             xb_rows.append(
                 builder.gep(builder.bitcast(xba.data, _I32.as_pointer()), [builder.mul(b, sixteens)])
             )
-        # the float accumulators: lane r = row r's acc, lane rows + r its accm (Q4_K, Q5_K)
-        sums_per_row = 1 if kind == "q6_k" else 2
+        # the float accumulators: lane k = pair k's acc, lane pairs + k its accm (Q4_K, Q5_K)
+        sums_per_pair = 1 if kind == "q6_k" else 2
         width = 1
-        while width < sums_per_row * rows:
+        while width < sums_per_pair * pairs:
             width *= 2
         fty = ir.VectorType(_F32, width)
         zero = ir.Constant(fty, None)
@@ -366,23 +376,29 @@ def _codegen(kind: str, rows: int, path: int):
         builder.position_at_end(loop)
         sb = builder.phi(_I64)
         acc_phi = builder.phi(fty)
-        block = builder.gep(row_ptr, [builder.mul(sb, ir.Constant(_I64, block_bytes))])
-        prefetch(builder, block, PREFETCH_BYTES, lines=(block_bytes + 63) // 64)
-        if path == AVX2:
-            totals, mins = _avx2_superblock(builder, kind, block, rows, xq_rows, xb_rows, sb)
-        else:
-            totals, mins = _lanes_superblock(builder, kind, path, wide, block, rows, xq_rows, xb_rows, sb)
-        d, dmin = _block_halves(builder, kind, block)
-        # lane r: d * xd of row r; lane rows + r: dmin * xd (one vector multiply)
+        offset = builder.mul(sb, ir.Constant(_I64, block_bytes))
+        blocks = [builder.gep(ptr, [offset]) for ptr in row_ptrs]
+        lines = (block_bytes + 63) // 64
+        prefetch(builder, blocks[-1], PREFETCH_BYTES, lines=lines)
+        if weight_rows > 1:
+            prefetch(builder, builder.gep(blocks[-1], [row_bytes]), PREFETCH_BYTES, lines=lines)
+        totals, mins, halves = [], [], []
+        for block in blocks:
+            if path == AVX2:
+                t, m = _avx2_superblock(builder, kind, block, rows, xq_rows, xb_rows, sb)
+            else:
+                t, m = _lanes_superblock(builder, kind, path, wide, block, rows, xq_rows, xb_rows, sb)
+            totals += t
+            mins += m
+            halves.append(_block_halves(builder, kind, block))
+        # lane k = (w, r): d_w * xd_r; lane pairs + k: dmin_w * xd_r (one vector multiply)
+        xd_of = [builder.load(builder.gep(xd_rows[r], [sb])) for r in range(rows)]
         xd = ir.Constant(fty, None)
-        for r in range(rows):
-            xd_r = builder.load(builder.gep(xd_rows[r], [sb]))
-            xd = builder.insert_element(xd, xd_r, ir.Constant(_I32, r))
-            if dmin is not None:
-                xd = builder.insert_element(xd, xd_r, ir.Constant(_I32, rows + r))
         factors = ir.Constant(fty, None)
-        for lane in range(sums_per_row * rows):
-            value = d if lane < rows else dmin
+        for lane in range(sums_per_pair * pairs):
+            w, r = divmod(lane % pairs, rows)
+            xd = builder.insert_element(xd, xd_of[r], ir.Constant(_I32, lane))
+            value = halves[w][0] if lane < pairs else halves[w][1]
             factors = builder.insert_element(factors, value, ir.Constant(_I32, lane))
         scales = builder.fmul(factors, xd)
         lanes = totals + mins
@@ -391,7 +407,7 @@ def _codegen(kind: str, rows: int, path: int):
                 builder.add(_shuffle(builder, v, [0, 1, 2, 3]), _shuffle(builder, v, [4, 5, 6, 7]))
                 for v in lanes
             ]
-        # A and M of every row, each summed over its lanes (exact), in one transposing tree
+        # A and M of every pair, each summed over its lanes (exact), in one transposing tree
         exact = sum_int_lanes_of(builder, lanes)  # padded to `width` lanes with zeros
         new_acc = fma(builder, scales, builder.sitofp(exact, fty), acc_phi)
         following = builder.add(sb, ir.Constant(_I64, 1))
@@ -407,10 +423,10 @@ def _codegen(kind: str, rows: int, path: int):
         final.add_incoming(zero, entry)
         final.add_incoming(new_acc, loop_end)
         results = []
-        for r in range(rows):
-            value = builder.extract_element(final, ir.Constant(_I32, r))
+        for k in range(pairs):
+            value = builder.extract_element(final, ir.Constant(_I32, k))
             if kind != "q6_k":
-                value = builder.fsub(value, builder.extract_element(final, ir.Constant(_I32, rows + r)))
+                value = builder.fsub(value, builder.extract_element(final, ir.Constant(_I32, pairs + k)))
             results.append(value)
         return context.make_tuple(builder, signature.return_type, results)
 
@@ -432,6 +448,27 @@ def _make(kind: str, rows: int, path: int):
     return intrinsic(typer)
 
 
+def _make_pair(kind: str, path: int):
+    def typer(typingctx, row0, row1, xq, xd, xb, b0):
+        arrays = (
+            (row0, types.uint8, 1),
+            (row1, types.uint8, 1),
+            (xq, types.int8, 2),
+            (xd, types.float32, 2),
+            (xb, types.int32, 2),
+        )
+        if not (all(is_c_array(a, t, d) for a, t, d in arrays) and isinstance(b0, types.Integer)):
+            return None
+        signature = types.UniTuple(types.float32, 2)(row0, row1, xq, xd, xb, types.int64)
+        return signature, _codegen(kind, 1, path, weight_rows=2)
+
+    typer.__name__ = f"{kind}_i8pair_{('portable', 'avx2', 'vnni')[path]}"
+    typer.__doc__ = f"""(row0, row1 uint8: weight rows o and o + 1 of one C-ordered matrix, xq, xd, xb, b) ->
+    the int8-activation dot products of both {kind.upper()} rows with activation row b, each computed
+    exactly as the one-row kernel computes it (decode: two rows share a loop and its reduction)."""
+    return intrinsic(typer)
+
+
 # module-level names (numba resolves intrinsics as globals): <type>_<path><rows>
 q4_k_portable1, q4_k_portable2, q4_k_portable3, q4_k_portable4 = (_make("q4_k", r, 0) for r in ROW_COUNTS)
 q4_k_avx21, q4_k_avx22, q4_k_avx23, q4_k_avx24 = (_make("q4_k", r, 1) for r in ROW_COUNTS)
@@ -442,3 +479,6 @@ q5_k_vnni1, q5_k_vnni2, q5_k_vnni3, q5_k_vnni4 = (_make("q5_k", r, 2) for r in R
 q6_k_portable1, q6_k_portable2, q6_k_portable3, q6_k_portable4 = (_make("q6_k", r, 0) for r in ROW_COUNTS)
 q6_k_avx21, q6_k_avx22, q6_k_avx23, q6_k_avx24 = (_make("q6_k", r, 1) for r in ROW_COUNTS)
 q6_k_vnni1, q6_k_vnni2, q6_k_vnni3, q6_k_vnni4 = (_make("q6_k", r, 2) for r in ROW_COUNTS)
+q4_k_portable_pair, q4_k_avx2_pair, q4_k_vnni_pair = (_make_pair("q4_k", p) for p in (0, 1, 2))
+q5_k_portable_pair, q5_k_avx2_pair, q5_k_vnni_pair = (_make_pair("q5_k", p) for p in (0, 1, 2))
+q6_k_portable_pair, q6_k_avx2_pair, q6_k_vnni_pair = (_make_pair("q6_k", p) for p in (0, 1, 2))

@@ -4,10 +4,11 @@ Activations come quantized per 32-block (quantize_activations: xq int8, xs float
 read of them is laid out once per call (`int8_activations`). Threads split the output rows only (prange
 over tiles of TILE weight rows); within a tile the activation rows go in groups of 8 and one group of
 the 1 to 7 left, each group sharing every decoded weight pair (simd_int8.py), so up to 8 rows (k drafts
-and the bonus row of a verify step) cost one pass over the weights. Every out[b, o] goes through the
-same per-row arithmetic in the same order whatever group it is in, so a row's result is bit-identical
-alone or anywhere in a batch. From legacy_tiles_int8.min_rows activation rows a call takes the tiled
-kernel of legacy_tiles_int8.py instead, which gives the same bits.
+and the bonus row of a verify step) cost one pass over the weights. A last group of one row (a decode
+step) takes two weight rows a loop (simd_int8.PAIR_DOTS), each output with the one-row arithmetic.
+Every out[b, o] goes through the same per-row arithmetic in the same order whatever group it is in, so
+a row's result is bit-identical alone or anywhere in a batch. From legacy_tiles_int8.min_rows activation
+rows a call takes the tiled kernel of legacy_tiles_int8.py instead, which gives the same bits.
 One driver, `_matmul`, specialised per type and int8 path (both literal arguments), so a process compiles
 (or loads from numba's cache) only its model's types on the path its host runs; `matmul_int8_path`
 reaches the other paths (the tests compare them bit for bit).
@@ -103,6 +104,25 @@ def _rows_of(kind, path, count, row, xa, xu, xsum, xs_sum, xs4, b):
     return rows
 
 
+def _pair(kind, path, blocks, o, xa, xu, xsum, xs_sum, xs4, b):
+    """simd_int8's paired row dot (weight rows o and o + 1 against activation row b) of type `kind` on
+    int8 path `path` (both literals), resolved at compile time as `_rows` is."""
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(_pair, inline="always")
+def _pair_of(kind, path, blocks, o, xa, xu, xsum, xs_sum, xs4, b):
+    """The paired row-dot intrinsic `_pair` names, from simd_int8.PAIR_DOTS."""
+    if not (isinstance(kind, types.StringLiteral) and isinstance(path, types.IntegerLiteral)):
+        return None
+    dot = simd_int8.PAIR_DOTS[(kind.literal_value, path.literal_value)]
+
+    def pair(kind, path, blocks, o, xa, xu, xsum, xs_sum, xs4, b):
+        return dot(blocks[o], blocks[o + 1], xa, xu, xsum, xs_sum, xs4, b)
+
+    return pair
+
+
 # Not cached itself: numba keeps every signature of a function in one cache index, and two processes
 # compiling two of them at once (test workers, two types) can pair one key with the other's code; each
 # `bound_kernel` holds its copy of this driver in a cache file of its own.
@@ -124,8 +144,13 @@ def _row_dots(blocks, xq, xs, out, kind, path):
             for o in range(first, last):
                 store_column(out, b, o, _rows(kind, path, 8, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
         b = eights
-        if rest == 1:
-            for o in range(first, last):
+        if rest == 1:  # (a decode row) two weight rows a loop, the stream a row further ahead
+            for o in range(first, last - 1, 2):
+                both = _pair(kind, path, blocks, o, xa, xu, xsum, xs_sum, xs4, b)
+                out[b, o] = both[0]
+                out[b, o + 1] = both[1]
+            if (last - first) % 2:
+                o = last - 1
                 store_column(out, b, o, _rows(kind, path, 1, blocks[o], xa, xu, xsum, xs_sum, xs4, b))
         elif rest == 2:
             for o in range(first, last):

@@ -24,7 +24,9 @@ The float part is fixed: per pair acc = fma(d * xs, float(lanes), acc) on 8 lane
 fma(m, xs_sum, acc), xs_sum = xs * (the block's xq sum) in lane 0 and zero in lanes 1-3, which leaves
 those lanes as they were: an accumulator that starts at +0 is never -0); d * xs is exact in float32 (two
 halves). The even blocks go to lanes 0-3, the odd ones to 4-7, an odd last block to lanes 0-3; the
-eight lanes are then summed by a fixed tree. Nothing depends on B or on the other rows of a call, so a
+eight lanes are then summed by a fixed tree. The paired dots (PAIR_DOTS, one activation row: decode) run
+two weight rows in one loop with each (weight row, row)'s own lanes and chains, the same operations.
+Nothing depends on B or on the other rows of a call, so a
 row's result is bit-identical alone or in any batch; a tiled kernel (one activation row per vector
 lane) can give the same bits by keeping each of the eight lanes in a float chain of its own. A path
 the host lacks compiles as portable. As for simd.py, numba's cache does not see edits here: touch
@@ -432,7 +434,7 @@ LANES_PER_BLOCK = 4
 """Float lanes a block adds into: lane k gets its int32 lane k (`_row_lanes`)."""
 
 
-def _codegen(kind: str, rows: int, path: int):
+def _codegen(kind: str, rows: int, path: int, weight_rows: int = 1):
     block_bytes, _, has_min, _ = _LAYOUTS[kind]
     if path not in available_paths():
         path = PORTABLE
@@ -446,15 +448,19 @@ def _codegen(kind: str, rows: int, path: int):
         _OFFSETS[kind].bit_length() - 1 if path == AVX2 and kind in _OFFSETS and not signed else None
     )
     per_block = 2 if has_min else 1
+    lines = (2 * block_bytes + 63) // 64
 
     def codegen(context, builder, signature, args):
         arrays = [
             context.make_array(t)(context, builder, a)
-            for t, a in zip(signature.args[:6], args[:6], strict=True)
+            for t, a in zip(signature.args[:-1], args[:-1], strict=True)
         ]
-        row, xaa, xua, xsuma, xs_suma, xs4a = arrays
-        b0 = args[6]
-        row_ptr = builder.bitcast(row.data, _I8.as_pointer())
+        weight_arrays = arrays[:weight_rows]
+        xaa, xua, xsuma, xs_suma, xs4a = arrays[weight_rows:]
+        b0 = args[-1]
+        row_ptrs = [builder.bitcast(w.data, _I8.as_pointer()) for w in weight_arrays]
+        # two weight rows (o, o + 1 of one matrix): the prefetch also covers the row after the pair
+        row_bytes = builder.extract_value(weight_arrays[-1].shape, 0)
         n = builder.extract_value(xaa.shape, 1)
         n_blocks = builder.udiv(n, ir.Constant(_I64, 32))
         n_lanes = builder.mul(n_blocks, ir.Constant(_I64, LANES_PER_BLOCK))
@@ -468,19 +474,23 @@ def _codegen(kind: str, rows: int, path: int):
             xs_sums.append(builder.gep(builder.bitcast(xs_suma.data, _F32.as_pointer()), [lane0]))
             xss.append(builder.gep(builder.bitcast(xs4a.data, _F32.as_pointer()), [lane0]))
 
-        def step(weights: _Blocks, k, accs, count: int):
-            """Every row's accumulator after the blocks from block k (count bytes of weights)."""
+        def step(weights: list[_Blocks], k, accs, count: int):
+            """Every (weight row, activation row)'s accumulator (index w * rows + r) after the blocks
+            from block k (count bytes of weights a row)."""
             lanes = count // 8
             vty = ir.VectorType(_F32, lanes)
             ity = ir.VectorType(_I32, lanes)
             half_ty = ir.VectorType(_I8, count // 2)
-            d = scale_lanes(builder, weights.scales, [per_block * (i // 4) for i in range(lanes)])
-            m = None
-            if has_min:
-                m = scale_lanes(builder, weights.scales, [per_block * (i // 4) + 1 for i in range(lanes)])
             byte0 = builder.mul(k, ir.Constant(_I64, 32))
             lane0 = builder.mul(k, ir.Constant(_I64, LANES_PER_BLOCK))
-            new = []
+            scales = []
+            for w in weights:
+                d = scale_lanes(builder, w.scales, [per_block * (i // 4) for i in range(lanes)])
+                m = None
+                if has_min:
+                    m = scale_lanes(builder, w.scales, [per_block * (i // 4) + 1 for i in range(lanes)])
+                scales.append((d, m))
+            new = list(accs)
             for r in range(rows):
                 xa = load_vec(builder, builder.gep(acts[r], [byte0]), half_ty)
                 xb = load_vec(
@@ -488,17 +498,25 @@ def _codegen(kind: str, rows: int, path: int):
                     builder.gep(acts[r], [builder.add(byte0, ir.Constant(_I64, count // 2))]),
                     half_ty,
                 )
-                isum = _row_lanes(builder, kind, path, weights, xa, xb)
+                xsum = None
                 if offset_shift is not None:
                     xsum = load_vec(builder, builder.gep(xsums[r], [lane0]), ity)
-                    isum = builder.sub(isum, builder.shl(xsum, const_vec(ity, offset_shift)))
                 xs = load_vec(builder, builder.gep(xss[r], [lane0]), vty)
-                acc = fma(builder, builder.fmul(d, xs), builder.sitofp(isum, vty), accs[r])
+                xs_sum = None
                 if has_min:
-                    acc = fma(builder, m, load_vec(builder, builder.gep(xs_sums[r], [lane0]), vty), acc)
-                new.append(acc)
+                    xs_sum = load_vec(builder, builder.gep(xs_sums[r], [lane0]), vty)
+                for w_index, (w, (d, m)) in enumerate(zip(weights, scales, strict=True)):
+                    index = w_index * rows + r
+                    isum = _row_lanes(builder, kind, path, w, xa, xb)
+                    if xsum is not None:
+                        isum = builder.sub(isum, builder.shl(xsum, const_vec(ity, offset_shift)))
+                    acc = fma(builder, builder.fmul(d, xs), builder.sitofp(isum, vty), accs[index])
+                    if m is not None:
+                        acc = fma(builder, m, xs_sum, acc)
+                    new[index] = acc
             return new
 
+        sums = weight_rows * rows
         zero = ir.Constant(_V8F, None)
         entry = builder.block
         loop = builder.append_basic_block("pairs")
@@ -510,11 +528,14 @@ def _codegen(kind: str, rows: int, path: int):
 
         builder.position_at_end(loop)
         p = builder.phi(_I64)
-        accs = [builder.phi(_V8F) for _ in range(rows)]
+        accs = [builder.phi(_V8F) for _ in range(sums)]
         k = builder.shl(p, ir.Constant(_I64, 1))
-        blk = builder.gep(row_ptr, [builder.mul(k, ir.Constant(_I64, block_bytes))])
-        prefetch(builder, blk, PREFETCH_BYTES, lines=(2 * block_bytes + 63) // 64)
-        new = step(_Blocks(builder, kind, path, blk, 64, signed), k, accs, 64)
+        offset = builder.mul(k, ir.Constant(_I64, block_bytes))
+        blks = [builder.gep(ptr, [offset]) for ptr in row_ptrs]
+        prefetch(builder, blks[-1], PREFETCH_BYTES, lines=lines)
+        if weight_rows > 1:
+            prefetch(builder, builder.gep(blks[-1], [row_bytes]), PREFETCH_BYTES, lines=lines)
+        new = step([_Blocks(builder, kind, path, blk, 64, signed) for blk in blks], k, accs, 64)
         p_next = builder.add(p, ir.Constant(_I64, 1))
         loop_end = builder.block
         builder.cbranch(builder.icmp_unsigned("<", p_next, n_pairs), loop, after)
@@ -536,9 +557,12 @@ def _codegen(kind: str, rows: int, path: int):
 
         builder.position_at_end(tail)  # the odd last block: lanes 0-3 (the even blocks' lanes)
         k_last = builder.sub(n_blocks, ir.Constant(_I64, 1))
-        blk = builder.gep(row_ptr, [builder.mul(k_last, ir.Constant(_I64, block_bytes))])
+        offset = builder.mul(k_last, ir.Constant(_I64, block_bytes))
         low = [half(builder, acc, 0) for acc in paired]
-        tail_new = step(_Blocks(builder, kind, path, blk, 32, signed), k_last, low, 32)
+        last_blocks = [
+            _Blocks(builder, kind, path, builder.gep(ptr, [offset]), 32, signed) for ptr in row_ptrs
+        ]
+        tail_new = step(last_blocks, k_last, low, 32)
         merged = [
             _shuffle(builder, concat(builder, v, v), acc, [0, 1, 2, 3, 12, 13, 14, 15])
             for v, acc in zip(tail_new, paired, strict=True)
@@ -595,3 +619,22 @@ ROW_DOTS = {
     for rows in ROW_COUNTS
 }
 """The row-dot intrinsics by (kind, int8 path, activation rows): what legacy_int8's driver calls."""
+
+
+def _make_pair(kind: str, path: int):
+    def typer(typingctx, row0, row1, xa, xu, xsum, xs_sum, xs4, b0):
+        if not all(_check(row, xa, xu, xsum, xs_sum, xs4, b0) for row in (row0, row1)):
+            return None
+        sig = types.UniTuple(types.float32, 2)(row0, row1, xa, xu, xsum, xs_sum, xs4, types.int64)
+        return sig, _codegen(kind, 1, path, weight_rows=2)
+
+    typer.__name__ = f"{kind}_i8pair_{('portable', 'avx2', 'vnni')[path]}"
+    typer.__doc__ = f"""(row0, row1 uint8: weight rows o and o + 1 of one C-ordered matrix, the activation
+    arrays as the row dots take them, b) -> both {kind.upper()} rows' int8-activation dot products with
+    activation row b, each computed exactly as the one-row dot computes it (a decode row: two rows share a
+    loop, and the stream runs one row further ahead)."""
+    return intrinsic(typer)
+
+
+PAIR_DOTS = {(kind, path): _make_pair(kind, path) for kind in _LAYOUTS for path in (PORTABLE, AVX2, VNNI)}
+"""The paired row-dot intrinsics by (kind, int8 path): one activation row against two weight rows."""
