@@ -21,8 +21,8 @@ super-block after super-block; the result is acc - accm. That per-super-block fo
 tiled kernels of kquants_tiles_int8.py compute for each (weight row, activation row), with activation
 rows in the lanes, so a row's bits are the same whichever of the two kernels a call takes.
 
-The `_pair` intrinsics run two weight rows against one activation row in one loop (decode): the same
-integers and float steps for each (weight row, activation row), in lanes of one vector.
+The `*_pair` intrinsics (`_make_pair`) run two weight rows against one activation row in one loop
+(decode): the same integers and float steps for each (weight row, activation row), in lanes of one vector.
 That order is written here, fixed for every row and call, and nothing in it depends on B or on the other
 rows of a call: a row's result is bit-identical alone, in any batch, as a verify row, and on every path
 (the integer lanes are the same numbers). numba's cache tracks only kquants_int8.py for these kernels:
@@ -37,12 +37,11 @@ from numba.extending import intrinsic
 
 from .features import cpu_features
 from .simd import (
-    PREFETCH_BYTES,
     call_intrinsic,
     fma,
     is_c_array,
     load_vec,
-    prefetch,
+    prefetch_weight_rows,
     sum_int_lanes_of,
 )
 from .simd_int8 import (
@@ -349,9 +348,8 @@ def _codegen(kind: str, rows: int, path: int, weight_rows: int = 1):
         n = builder.extract_value(xqa.shape, 1)
         n_sb = builder.udiv(n, ir.Constant(_I64, 256))
         sixteens = builder.udiv(n, ir.Constant(_I64, 16))
-        # With two weight rows (o, o + 1 of one matrix) the stream runs one row ahead of the single-row
-        # kernel's: the prefetch also covers the row after the pair, where the next pair starts.
-        row_bytes = builder.extract_value(weights[-1].shape, 0)
+        # two weight rows (o, o + 1 of one matrix): the prefetch also covers the row after the pair
+        row_bytes = builder.extract_value(weights[-1].shape, 0) if weight_rows > 1 else None
         xq_rows, xd_rows, xb_rows = [], [], []
         for r in range(rows):
             b = builder.add(b0, ir.Constant(_I64, r))
@@ -378,10 +376,7 @@ def _codegen(kind: str, rows: int, path: int, weight_rows: int = 1):
         acc_phi = builder.phi(fty)
         offset = builder.mul(sb, ir.Constant(_I64, block_bytes))
         blocks = [builder.gep(ptr, [offset]) for ptr in row_ptrs]
-        lines = (block_bytes + 63) // 64
-        prefetch(builder, blocks[-1], PREFETCH_BYTES, lines=lines)
-        if weight_rows > 1:
-            prefetch(builder, builder.gep(blocks[-1], [row_bytes]), PREFETCH_BYTES, lines=lines)
+        prefetch_weight_rows(builder, blocks, row_bytes, lines=(block_bytes + 63) // 64)
         totals, mins, halves = [], [], []
         for block in blocks:
             if path == AVX2:

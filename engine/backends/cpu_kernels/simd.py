@@ -128,6 +128,18 @@ def prefetch(builder: ir.IRBuilder, ptr: ir.Value, offset: int, lines: int = 1) 
         )
 
 
+def prefetch_weight_rows(
+    builder: ir.IRBuilder, blocks: list[ir.Value], row_bytes: ir.Value | None, lines: int
+) -> None:
+    """The weight stream's prefetch for a loop over consecutive rows of one matrix (`blocks`: the block
+    read now in each, i8 pointers): `lines` lines PREFETCH_BYTES past the last row's block, and with
+    several rows (`row_bytes` their length) the same past the row after them, where the next group of
+    rows starts, so a thread streams the rows it reads together and the next group's first bytes."""
+    prefetch(builder, blocks[-1], PREFETCH_BYTES, lines=lines)
+    if len(blocks) > 1 and row_bytes is not None:
+        prefetch(builder, builder.gep(blocks[-1], [row_bytes]), PREFETCH_BYTES, lines=lines)
+
+
 def fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
     """a * b + c lane-wise, one rounding (llvm.fma on <N x float>)."""
     return call_intrinsic(builder, f"llvm.fma.v{a.type.count}f32", a.type, [a, b, c])

@@ -41,7 +41,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from .features import cpu_features
-from .simd import PREFETCH_BYTES, fma, load_vec, prefetch, sum_lanes
+from .simd import fma, load_vec, prefetch_weight_rows, sum_lanes
 
 # numba's JIT initialises no assembly parser, and a module holding `_dpwssd`'s inline assembly can be
 # emitted without `_dpwssd` running in this process (a caller compiled anew around cached callees)
@@ -448,7 +448,6 @@ def _codegen(kind: str, rows: int, path: int, weight_rows: int = 1):
         _OFFSETS[kind].bit_length() - 1 if path == AVX2 and kind in _OFFSETS and not signed else None
     )
     per_block = 2 if has_min else 1
-    lines = (2 * block_bytes + 63) // 64
 
     def codegen(context, builder, signature, args):
         arrays = [
@@ -460,7 +459,7 @@ def _codegen(kind: str, rows: int, path: int, weight_rows: int = 1):
         b0 = args[-1]
         row_ptrs = [builder.bitcast(w.data, _I8.as_pointer()) for w in weight_arrays]
         # two weight rows (o, o + 1 of one matrix): the prefetch also covers the row after the pair
-        row_bytes = builder.extract_value(weight_arrays[-1].shape, 0)
+        row_bytes = builder.extract_value(weight_arrays[-1].shape, 0) if weight_rows > 1 else None
         n = builder.extract_value(xaa.shape, 1)
         n_blocks = builder.udiv(n, ir.Constant(_I64, 32))
         n_lanes = builder.mul(n_blocks, ir.Constant(_I64, LANES_PER_BLOCK))
@@ -532,9 +531,7 @@ def _codegen(kind: str, rows: int, path: int, weight_rows: int = 1):
         k = builder.shl(p, ir.Constant(_I64, 1))
         offset = builder.mul(k, ir.Constant(_I64, block_bytes))
         blks = [builder.gep(ptr, [offset]) for ptr in row_ptrs]
-        prefetch(builder, blks[-1], PREFETCH_BYTES, lines=lines)
-        if weight_rows > 1:
-            prefetch(builder, builder.gep(blks[-1], [row_bytes]), PREFETCH_BYTES, lines=lines)
+        prefetch_weight_rows(builder, blks, row_bytes, lines=(2 * block_bytes + 63) // 64)
         new = step([_Blocks(builder, kind, path, blk, 64, signed) for blk in blks], k, accs, 64)
         p_next = builder.add(p, ir.Constant(_I64, 1))
         loop_end = builder.block
