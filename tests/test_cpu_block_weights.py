@@ -27,7 +27,12 @@ from infer.engine.backends.cpu import (
     int8_rows_per_call,
 )
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
-from infer.engine.backends.cpu_memory import l2_cache_bytes
+from infer.engine.backends.cpu_memory import (
+    clean_library_mappings,
+    l2_cache_bytes,
+    release_clean_library_pages,
+)
+from infer.engine.backends.weight_copies import WeightCopies
 from infer.engine.batch import ForwardBatch, Segment
 from infer.engine.loader import load_checkpoint
 from infer.engine.models import build_model
@@ -61,13 +66,17 @@ def quantized_pair(tiny_model_factory: Callable[..., object]) -> tuple[object, l
 def _logits(backend: CpuBackend, path: object, token_ids: list[int]) -> np.ndarray:
     checkpoint = load_checkpoint(path)  # type: ignore[arg-type]
     model = build_model(checkpoint, backend)
-    cache = model.make_cache(1, max(64, len(token_ids)))
+    return _forward(model, token_ids), model  # type: ignore[return-value]
+
+
+def _forward(model: object, token_ids: list[int]) -> np.ndarray:
+    cache = model.make_cache(1, max(64, len(token_ids)))  # type: ignore[attr-defined]
     batch = ForwardBatch(
         np.asarray(token_ids, dtype=np.int64),
         (Segment(0, 0, len(token_ids)),),
         np.arange(len(token_ids), dtype=np.int64),
     )
-    return model.forward(batch, cache), model  # type: ignore[return-value]
+    return model.forward(batch, cache)  # type: ignore[attr-defined]
 
 
 def test_gguf_matrices_load_as_blocks(quantized_pair) -> None:
@@ -220,10 +229,111 @@ def test_mmap_false_copies_the_blocks_out_of_the_file_once_with_the_same_logits(
     assert not read_only_file_map(copied_model.final_norm.data)
     assert copying.mapped_bytes == 0
     short = CpuBackend(kernels="int8", mmap=False)
-    short._copy_budget = 0
+    short._weight_copies = WeightCopies(0, short.discard)  # no memory to spare
     kept, kept_model = _logits(short, model.gguf_path, tokens)
     assert np.array_equal(kept, mapped) and read_only_file_map(kept_model.layers[0].down.blocks)
     assert short.mapped_bytes > 0
+
+
+def test_loading_builds_on_untouched_placeholders_and_copies_the_blocks_as_it_ends(quantized_pair) -> None:
+    """Inside `loading` (where load_engine builds and warms up) each copy is a placeholder of fresh
+    pages that reads zeros, the stacked ones (qkv, gate and up) included; as the block ends every
+    placeholder in use is filled from the file, and the logits are the mapped model's bits."""
+    from infer.engine.backends.cpu_memory import read_only_file_map
+
+    model, _ = quantized_pair
+    tokens = list(range(3, 20))
+    mapped, _ = _logits(CpuBackend(kernels="int8"), model.gguf_path, tokens)
+    copying = CpuBackend(kernels="int8", mmap=False)
+    with copying.loading():
+        during, built = _logits(copying, model.gguf_path, tokens)
+        layer = built.layers[0]
+        for weight in (layer.down, layer.qkv, layer.gate_up, built.embed):
+            assert not weight.blocks.any() and not weight.blocks.flags.writeable
+    assert not np.array_equal(during, mapped)
+    assert np.array_equal(_forward(built, tokens), mapped)
+    for weight in (layer.down, layer.qkv, layer.gate_up, built.embed):
+        assert (
+            weight.blocks.any()
+            and not read_only_file_map(weight.blocks)
+            and not weight.blocks.flags.writeable
+        )
+    assert built.embed.blocks is built.lm_head.blocks
+
+
+def test_weight_copies_fill_the_placeholders_in_use_after_before_copying(tmp_path) -> None:
+    """Deferred copies: a source asked for twice is one placeholder; parts joined into one are
+    filled from their sources once (the parts, no longer used, are skipped); `before_copying` runs
+    while every placeholder is still untouched; each source's pages are given back once copied."""
+    path = tmp_path / "blocks.bin"
+    rng = np.random.default_rng(3)
+    rng.integers(1, 256, (12, 16), dtype=np.uint8).tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r").reshape(12, 16)
+    given_back: list[int] = []
+    copies = WeightCopies(1 << 20, lambda array: given_back.append(array.shape[0]))
+    seen: list[bool] = []
+    with copies.deferred(before_copying=lambda: seen.append(bool(joined.any() or tail.any()))):
+        first, second = copies.resident(mapped[:4]), copies.resident(mapped[4:8])
+        joined = copies.joined([first, second])
+        tail = copies.resident(mapped[8:])
+        assert copies.resident(mapped[8:]) is tail
+        del first, second
+    assert seen == [False]
+    assert (joined == mapped[:8]).all() and (tail == mapped[8:]).all()
+    assert sorted(given_back) == [4, 4, 4]  # the joined placeholder's two parts and the tail; not the parts
+    assert copies.joined([tail]) is None  # outside `deferred` the caller concatenates
+
+
+def test_clean_library_mappings_leave_out_written_and_writable_ones() -> None:
+    """Only a library's mappings that hold no page the process wrote may be given back: its code and
+    read-only data, not its relocated read-only data (dirty, anonymous) nor its writable data."""
+    smaps = """\
+7f0000000000-7f0000100000 r--p 00000000 fd:01 42   /usr/lib/libllvmlite.so
+Rss:                 400 kB
+Private_Dirty:         0 kB
+Anonymous:             0 kB
+7f0000100000-7f0000300000 r-xp 00100000 fd:01 42   /usr/lib/libllvmlite.so
+Rss:                1200 kB
+Private_Dirty:         0 kB
+Anonymous:             0 kB
+7f0000300000-7f0000310000 r--p 00300000 fd:01 42   /usr/lib/libllvmlite.so
+Rss:                  64 kB
+Private_Dirty:        64 kB
+Anonymous:            64 kB
+7f0000310000-7f0000320000 rw-p 00310000 fd:01 42   /usr/lib/libllvmlite.so
+Rss:                  16 kB
+Private_Dirty:        16 kB
+Anonymous:            16 kB
+7f0000400000-7f0000500000 r-xp 00000000 fd:01 43   /usr/lib/libllvmlite.so.bak
+Rss:                 100 kB
+Private_Dirty:         0 kB
+Anonymous:             0 kB
+"""
+    assert clean_library_mappings(smaps, "libllvmlite.so") == [
+        (0x7F0000000000, 0x7F0000100000),
+        (0x7F0000100000, 0x7F0000300000),
+    ]
+
+
+def test_giving_back_llvm_code_pages_keeps_numba_working() -> None:
+    """After the cpu backend gives LLVM's clean pages back, numba still compiles and runs (the pages
+    come back from the file as they are used)."""
+    import numba
+
+    from infer.engine.backends.cpu import LLVM_LIBRARY
+
+    @numba.njit
+    def before(x: float) -> float:
+        return x + 1.0
+
+    assert before(1.0) == 2.0
+    assert release_clean_library_pages(LLVM_LIBRARY) > 0
+
+    @numba.njit
+    def after(x: float) -> float:
+        return x * 3.0
+
+    assert after(2.0) == 6.0 and before(2.0) == 3.0
 
 
 def test_mmap_false_is_refused_by_the_backends_that_copy_to_a_device() -> None:

@@ -230,6 +230,12 @@ class HostSetup:
         free now (checked once, before loading); None when they fit or the matmuls are not on the host."""
         return None
 
+    def loading(self) -> AbstractContextManager[None]:
+        """The block in which `load_engine` builds its models and warms the engine up: what a backend
+        may set up only once every kernel has run (the cpu backend's weight copies) happens as it
+        ends. Nothing here."""
+        return nullcontext()
+
     def prepare_thread(self) -> None:
         """Called first in the thread that runs the engine's steps, if not the one that built it."""
 

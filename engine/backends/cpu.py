@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-import mmap
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 from typing import ClassVar
@@ -18,16 +17,19 @@ from infer.engine.backends.attention import AttentionPlan, PrefillRun, causal_ma
 from infer.engine.backends.base import BackendOptions, Capabilities, RowDecoder, RowLayer, RowShape
 from infer.engine.backends.cpu_kernels.registry import Quantize, QuantKernels, quantize_once
 from infer.engine.backends.cpu_memory import (
-    PAGE,
     adjacent_rows,
+    anonymous_array,
     available_memory,
-    contiguous_runs,
+    give_back_pages,
     l2_cache_bytes,
-    madvise,
+    read_only,
     read_only_file_map,
+    release_clean_library_pages,
+    trim_heap,
 )
 from infer.engine.backends.errors import BackendError
 from infer.engine.backends.kv_cache import KVCache
+from infer.engine.backends.weight_copies import WeightCopies
 
 _VOCAB_CHUNK = 4096
 """Rows of the embedding table per vocabulary-projection matmul (see CpuBackend.logits)."""
@@ -38,11 +40,11 @@ KERNEL_MODES: tuple[str, ...] = ("exact", "int8", "blas")
 registers, float32 accumulation), `int8` (kernels with activations quantized per 32-block, as llama.cpp
 does: faster, approximate), `blas` (a float32 copy of every matrix through BLAS)."""
 
+LLVM_LIBRARY = "libllvmlite.so"
+"""The shared library holding numba's compiler (LLVM): needed to load kernels, idle once they are."""
+
 COPY_RESERVE = 1 << 30
 """Memory left free when copying weights (`mmap` False): the KV cache, activations, the rest."""
-
-COPY_CHUNK = 16 << 20
-"""Bytes copied out of a file map before its pages are given back (`mmap` False)."""
 
 KERNEL_ROWS = 64
 """Rows of x per kernel call. Kernels give each row the same bits whatever the rows beside it, so a
@@ -87,17 +89,6 @@ class DenseWeight:
     def shape(self) -> tuple[int, ...]:
         """Logical shape of the weight."""
         return tuple(self.data.shape)
-
-
-def read_only(blocks: np.ndarray) -> np.ndarray:
-    """`blocks` as a read-only view. numba compiles a kernel once per argument type and types a read-only
-    array apart from a writable one, so weights memory-mapped from a GGUF (read-only) and weights built in
-    memory (an expert stack copied together, a tensor quantized at load) would compile every kernel twice."""
-    if not blocks.flags.writeable:
-        return blocks
-    view = blocks.view()
-    view.flags.writeable = False
-    return view
 
 
 @dataclass(frozen=True)
@@ -238,14 +229,13 @@ class CpuBackend(cpu_setup.CpuSetup):
         """The kernels' thread count in the step threads (see BackendOptions.threads)."""
         self.mmap = mmap
         """Compute on the file map's blocks (True) or on copies in anonymous memory (see `_resident`)."""
-        self._copies: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] = weakref.WeakValueDictionary()
-        """The copies in use, by the (address, bytes) of the mapped blocks (a tied table asked for twice
-        is copied once; a part that a stack copied together again is dropped with its last user)."""
-        self._copy_budget = available_memory() - COPY_RESERVE if not mmap else 0
-        """Bytes that may still be copied before the rest stays mapped (so a model larger than memory
-        still loads)."""
-        self.mapped_bytes = 0
+        self._weight_copies = WeightCopies(available_memory() - COPY_RESERVE if not mmap else 0, self.discard)
+        """The blocks' copies in anonymous memory (`mmap` False; see `_resident` and `loading`)."""
+
+    @property
+    def mapped_bytes(self) -> int:
         """Block bytes left memory-mapped although `mmap` is False (the copy budget ran out)."""
+        return self._weight_copies.mapped_bytes
 
     @property
     def kv_cache_dtypes(self) -> tuple[str, ...]:
@@ -286,29 +276,31 @@ class CpuBackend(cpu_setup.CpuSetup):
 
     def _resident(self, blocks: np.ndarray) -> np.ndarray:
         """With `mmap` False, a file map's blocks as a copy in anonymous memory, the file pages given back.
-        Decode at size streams every weight byte once a token: numpy's large arrays sit on transparent
+        Decode at size streams every weight byte once a token: large anonymous arrays sit on transparent
         huge pages, which the kernel gives no file's page cache, and the same rows read 15-30 % faster
         there (fewer TLB misses; the hardware prefetchers stop at every 4 KB page). Copied while the
-        memory available at start-up minus COPY_RESERVE allows; past that the blocks stay mapped."""
+        memory available at start-up minus COPY_RESERVE allows; past that the blocks stay mapped.
+        Inside `loading` the copy is a placeholder, filled as the block ends."""
         if self.mmap or not read_only_file_map(blocks):
             return blocks
-        key = (blocks.ctypes.data, blocks.nbytes)
-        copied = self._copies.get(key)
-        if copied is not None:
-            return copied
-        if blocks.nbytes > self._copy_budget:
-            self.mapped_bytes += blocks.nbytes
-            return blocks
-        copied = np.empty(blocks.shape, dtype=blocks.dtype)
-        step = max(1, COPY_CHUNK // max(1, blocks.strides[0]))  # leading-axis entries per chunk
-        for start in range(0, len(blocks), step):  # the file pages go as their copy is made: RSS peaks
-            part = blocks[start : start + step]  # one chunk above the model's, not one whole matrix
-            copied[start : start + step] = part
-            self.discard(part)
-        copied = read_only(copied)
-        self._copy_budget -= blocks.nbytes
-        self._copies[key] = copied
-        return copied
+        return self._weight_copies.resident(blocks)
+
+    @contextmanager
+    def loading(self) -> Iterator[None]:
+        """Builds and warm-ups inside compute on placeholders of the weights' copies (`mmap` False: see
+        weight_copies.py); at the end, once numba has loaded every kernel the warm-up called, LLVM's
+        code pages and the heap's free pages are given back and then the copies are made, so the
+        peak RSS holds weights or that code, not both."""
+
+        def release_compiler_code() -> None:
+            if self._rowops is not None:  # numba ran: its compiler's code is resident
+                release_clean_library_pages(LLVM_LIBRARY)
+            # the copies go to maps of their own and would reuse none of the heap the tokenizer's
+            # build and the file's metadata freed (12 MiB less at the peak on the 1B shape)
+            trim_heap()
+
+        with self._weight_copies.deferred(before_copying=release_compiler_code):
+            yield
 
     def stack(
         self, weights: Sequence[DenseWeight | BlockWeight]
@@ -332,6 +324,8 @@ class CpuBackend(cpu_setup.CpuSetup):
         """The parts' blocks as one [rows, row_bytes] array: a view when they lie back to back in one
         buffer, else a copy, whose read-only file pages are given back so memory holds them once."""
         joined = adjacent_rows([p.blocks for p in parts])
+        if joined is None:
+            joined = self._weight_copies.joined([p.blocks for p in parts])
         if joined is None:
             joined = np.concatenate([p.blocks for p in parts])
             for part in parts:
@@ -486,23 +480,14 @@ class CpuBackend(cpu_setup.CpuSetup):
         decode attention reads 5 % slower). Transparent huge pages are declined: numpy asks for them on
         large arrays, and with 2 MB pages the first position written in each (layer, slot, head) run
         commits 2 MB, so a short generation on a 4096-position cache held ~360 MB of zeros."""
-        count, element = math.prod(shape), np.dtype(dtype)
-        region = mmap.mmap(-1, max(count * element.itemsize, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_NOHUGEPAGE"):
-            region.madvise(mmap.MADV_NOHUGEPAGE)
-        return np.frombuffer(region, dtype=element, count=count).reshape(shape)
+        return anonymous_array(shape, dtype, huge_pages=False)
 
     def discard(self, array: np.ndarray) -> None:
         """Give the whole pages under `array` (a view into a `zeros` array, or of a read-only file map)
         back to the kernel with madvise(MADV_DONTNEED); they read as zeros (a file's contents)
         afterwards and cost no RSS until touched again.
         Each contiguous run of the view is handled separately; partial pages at a run's ends stay."""
-        runs = contiguous_runs(array)
-        for start, nbytes in runs:
-            first = -(-start // PAGE) * PAGE
-            last = (start + nbytes) // PAGE * PAGE
-            if last > first:
-                madvise(first, last - first)
+        give_back_pages(array)
 
     def embed(self, table: DenseWeight | BlockWeight, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` of the table. With BLAS the residual stream is kept column-major, the layout

@@ -3,9 +3,12 @@ viewing matrices stored back to back in one buffer as one matrix (for stacked we
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import math
 import mmap
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -31,6 +34,94 @@ def _madvise_dontneed() -> Callable[[int, int], None]:
 
 madvise = _madvise_dontneed()
 """madvise(address, length) with MADV_DONTNEED."""
+
+
+def trim_heap() -> None:
+    """Give the free pages inside malloc's heap back to the OS (glibc's malloc_trim; nothing where
+    the C library has none)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes = (ctypes.c_size_t,)
+    trim(0)
+
+
+def anonymous_array(shape: tuple[int, ...], dtype: np.typing.DTypeLike, *, huge_pages: bool) -> np.ndarray:
+    """Zeros of `shape` in fresh anonymous pages of their own, committed only as they are written (an
+    untouched page reads as zeros and costs no RSS), freed with the last array over them; transparent
+    huge pages asked for or declined (`huge_pages`; where the OS offers the choice)."""
+    element = np.dtype(dtype)
+    count = math.prod(shape)
+    region = mmap.mmap(-1, max(count * element.itemsize, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge_pages else "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+            region.madvise(advice)
+    return np.frombuffer(region, dtype=element, count=count).reshape(shape)
+
+
+def read_only(blocks: np.ndarray) -> np.ndarray:
+    """`blocks` as a read-only view. numba compiles a kernel once per argument type and types a read-only
+    array apart from a writable one, so weights memory-mapped from a GGUF (read-only) and weights built in
+    memory (an expert stack copied together, a tensor quantized at load) would compile every kernel twice."""
+    if not blocks.flags.writeable:
+        return blocks
+    view = blocks.view()
+    view.flags.writeable = False
+    return view
+
+
+_SMAPS_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ \S+\s*(.*)$")
+
+
+def clean_library_mappings(smaps: str, library: str) -> list[tuple[int, int]]:
+    """(start, end) of the mappings in `smaps` (the text of /proc/self/smaps) of a file whose name is
+    `library` that are not writable and hold no page the process wrote (Private_Dirty and Anonymous
+    0): code and read-only data as the file has them, which a later use maps from the page cache again.
+    A library's relocated read-only data (RELRO) holds written pages and is left out."""
+    found: list[tuple[int, int]] = []
+    current: tuple[int, int] | None = None
+    dirty = 0
+    for line in [*smaps.splitlines(), ""]:
+        header = _SMAPS_HEADER.match(line)
+        if header is not None or not line:
+            if current is not None and dirty == 0:
+                found.append(current)
+            current, dirty = None, 0
+            if header is not None:
+                start, end, perms, path = header.groups()
+                if Path(path).name == library and "w" not in perms:
+                    current = (int(start, 16), int(end, 16))
+            continue
+        if current is not None and line.startswith(("Private_Dirty:", "Anonymous:")):
+            dirty += int(line.split()[1])
+    return found
+
+
+def release_clean_library_pages(library: str) -> int:
+    """Give the resident pages of `library`'s clean mappings (`clean_library_mappings`) back to the OS;
+    the bytes of address space advised. 0 where there is no /proc/self/smaps."""
+    try:
+        smaps = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return 0
+    advised = 0
+    for start, end in clean_library_mappings(smaps, library):
+        madvise(start, end - start)
+        advised += end - start
+    return advised
+
+
+def give_back_pages(array: np.ndarray) -> None:
+    """madvise(MADV_DONTNEED) over the whole pages under `array`, one contiguous run of it at a time
+    (partial pages at a run's ends stay): anonymous pages read as zeros afterwards, a file map's as
+    the file again, and neither costs RSS until touched."""
+    for start, nbytes in contiguous_runs(array):
+        first = -(-start // PAGE) * PAGE
+        last = (start + nbytes) // PAGE * PAGE
+        if last > first:
+            madvise(first, last - first)
 
 
 def available_memory() -> int:

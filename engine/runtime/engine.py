@@ -102,10 +102,12 @@ class Engine:
         return self.executor.backend
 
     def warm_up(self) -> None:
-        """Run one throwaway decode row (token 0 at position 0 of a free KV slot), so that whatever a
-        backend prepares on first use (the cpu backend's numba kernels, compiled or loaded from their
-        cache) happens now, at load time, instead of inside the first request. The slot goes back
-        at once; its next owner writes position 0 before anything reads it."""
+        """Run a throwaway decode row and two-row prefill (token 0 from position 0 of a free KV slot:
+        `Executor.warm_up`), so that whatever a backend prepares on first use (the cpu backend's numba
+        kernels, compiled or loaded from their cache) happens now, at load time, instead of inside the
+        first request. The slot goes back at once; its next owner writes positions 0 and 1 before
+        anything reads them. Inside `Backend.loading` the weights may still be placeholders: nothing
+        computed here is kept."""
         with self._step_lock:
             slot = self.cache.acquire()
             if slot is None:
@@ -343,9 +345,12 @@ def load_engine(
     backend = create_backend(backend_name, dtype, kernels=cpu_kernels, threads=threads, mmap=mmap)
     check_kv_cache_dtype(backend, config.kv_cache_dtype)  # so does a KV cache dtype it cannot store
     checkpoint = load_checkpoint(model_path)
-    model = build_model(checkpoint, backend)
-    drafter = None if draft_model is None else load_draft_model(draft_model, backend, checkpoint.tokenizer)
-    engine = Engine(model, checkpoint.tokenizer, config, draft_model=drafter)
-    engine.warm_up()
+    with backend.loading():  # the warm-up may run before the weights are in place: see Backend.loading
+        model = build_model(checkpoint, backend)
+        drafter = None
+        if draft_model is not None:
+            drafter = load_draft_model(draft_model, backend, checkpoint.tokenizer)
+        engine = Engine(model, checkpoint.tokenizer, config, draft_model=drafter)
+        engine.warm_up()
     engine.load_seconds = time.perf_counter() - started
     return engine

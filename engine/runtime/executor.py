@@ -80,10 +80,16 @@ class Executor:
             release()
 
     def warm_up(self, slot: int) -> None:
-        """One throwaway decode row (token 0 at position 0 of `slot`), so whatever the backend
-        prepares on first use happens now."""
-        batch = ForwardBatch(np.zeros(1, dtype=np.int64), (Segment(slot, 0, 1),), np.zeros(1, dtype=np.int64))
-        self.model.forward(batch, self.cache)
+        """One throwaway decode row (token 0 at position 0 of `slot`) and one two-row prefill (positions
+        0 and 1), so whatever the backend prepares on first use for either happens now: the cpu
+        backend's decode-row kernel, and the row ops and row attention a short prompt's prefill and a
+        batch of decode rows call (two rows take their serial versions; a longer run, the parallel
+        ones, loads those on first use)."""
+        capacity = getattr(self.cache, "capacity", 2)  # a 1-position context takes the decode row only
+        for rows in (1, 2)[: max(1, capacity)]:
+            ids = np.zeros(rows, dtype=np.int64)
+            batch = ForwardBatch(ids, (Segment(slot, 0, rows),), np.array([rows - 1], dtype=np.int64))
+            self.model.forward(batch, self.cache)
 
     def run(self, work: list[ScheduledWork]) -> list[ItemOutcome]:
         """Forward the items as one batch and draw each one's logits rows, in order."""
