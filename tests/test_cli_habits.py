@@ -174,6 +174,39 @@ def test_kernel_threads_spin_briefly_unless_the_user_chose(monkeypatch: pytest.M
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
 
 
+def test_the_kernel_process_skips_numbas_blas_probe_and_still_runs_kernels(tmp_path) -> None:
+    """prepare_process keeps numba from importing scipy.linalg to probe for BLAS (no kernel calls
+    BLAS); the kernels still load and run. A process that loaded scipy.linalg first keeps it."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from pathlib import Path
+pre = sys.argv[1] == "scipy-first"
+if pre:
+    import scipy.linalg
+from infer.engine import BackendOptions, prepare_process
+prepare_process(BackendOptions("cpu", kernels="int8"), Path(sys.argv[2]))
+import numpy as np
+from infer.engine.backends.cpu_kernels import rowops
+import numba.np.arraymath as arraymath
+x = np.ones((2, 64), np.float32)
+out = np.empty_like(x)
+rowops.rms_norm_rows(x, np.ones(64, np.float32), np.float32(1e-6), out)
+print(arraymath._HAVE_BLAS, "scipy.linalg" in sys.modules, float(out[0, 0]))
+"""
+    results = []
+    for mode in ("plain", "scipy-first"):
+        done = subprocess.run(
+            [sys.executable, "-c", script, mode, str(tmp_path)], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        results.append(done.stdout.split())
+    assert results[0][:2] == ["False", "False"] and float(results[0][2]) == pytest.approx(1.0, abs=1e-3)
+    assert results[1][:2] == ["True", "True"]
+
+
 @pytest.mark.parametrize(
     ("typed", "meant"),
     [("genrate", "generate"), ("run", "generate"), ("pull", "models pull"), ("list", "models list")],
