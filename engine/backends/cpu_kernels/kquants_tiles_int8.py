@@ -24,7 +24,16 @@ from numba.extending import intrinsic
 
 from .features import cpu_features
 from .kquants_simd_int8 import BLOCK_BYTES, _block_halves, _chunk_quants, _superblock_scales
-from .simd import call_intrinsic, fma, is_c_array, load_vec, splat, store_tile, tile_signature
+from .simd import (
+    call_intrinsic,
+    fma,
+    is_c_array,
+    load_vec,
+    prefetch_rows_part,
+    splat,
+    store_tile,
+    tile_signature,
+)
 from .simd_int8 import (
     AVX2,
     PORTABLE,
@@ -494,7 +503,9 @@ def tiled_matmul(blocks, xp, xdp, xbp, n_b, out, kind, path, lanes, rows, thread
             o0 = t * TILE
             count = min(TILE, n_out - o0)
             _pack_tile(blocks, o0, count, kind, wq, sc, corr, dd, dm, mp)
+            following = min(TILE, max(0, n_out - (t + workers) * TILE))  # this worker's next tile
             for g in range(groups):
+                prefetch_rows_part(blocks, (t + workers) * TILE, following, g, groups)
                 valid = min(lanes, n_b - g * lanes)
                 for r0 in range(0, count, rows):
                     _tile_call(kind, path, wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)

@@ -106,9 +106,10 @@ byte from memory once; one thread's demand misses alone keep too few lines in fl
 memory's speed (cold Q4_K rows read at about half the speed of the same rows in cache)."""
 
 
-def prefetch(builder: ir.IRBuilder, ptr: ir.Value, offset: int, lines: int = 1) -> None:
+def prefetch(builder: ir.IRBuilder, ptr: ir.Value, offset: int, lines: int = 1, locality: int = 3) -> None:
     """Prefetch `lines` cache lines starting `offset` bytes past `ptr` (an i8 pointer) into every cache
-    level; a prefetch never faults, so past the end of an array is harmless."""
+    level (`locality` 3; 2: L2 and out, prefetcht1); a prefetch never faults, so past the end of an array
+    is harmless."""
     i8p = ir.IntType(8).as_pointer()
     name = "llvm.prefetch.p0"
     fn = builder.module.globals.get(name)
@@ -122,10 +123,41 @@ def prefetch(builder: ir.IRBuilder, ptr: ir.Value, offset: int, lines: int = 1) 
             [
                 target,
                 ir.Constant(ir.IntType(32), 0),
-                ir.Constant(ir.IntType(32), 3),
+                ir.Constant(ir.IntType(32), locality),
                 ir.Constant(ir.IntType(32), 1),
             ],
         )
+
+
+@intrinsic
+def _prefetch_line_to_l2(typingctx, array, offset):
+    """Prefetch the cache line at byte `offset` of C-contiguous `array` into the L2 cache."""
+    if not (isinstance(array, types.Array) and array.layout == "C" and isinstance(offset, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        at = context.cast(builder, args[1], signature.args[1], types.int64)
+        prefetch(builder, builder.gep(builder.bitcast(data, _I8.as_pointer()), [at]), 0, locality=2)
+        return context.get_dummy_value()
+
+    return types.void(array, offset), codegen
+
+
+@njit(inline="always", cache=True)
+def prefetch_rows_part(blocks, first_row, rows, part, parts):
+    """Prefetch part `part` of `parts` (equal runs of cache lines) of rows first_row .. first_row + rows -
+    1 of `blocks` (2-D, C order) into the L2 cache. The K-quant tiled kernel spreads its next tile's
+    rows over its work on this one, so unpacking that tile reads from cache, not memory: 256-row
+    products of matrices read from memory, alternating in one process (2 threads, medians of 6), Q5_K
+    16384 x 2048 1.034x faster, Q4_K 1.025x, Q6_K 3072 x 2048 1.033x, Q6_K 2048 x 8192 0.986x (its tile
+    is 107 KB beside 1 MB of packed activations in L2). The legacy tiles gained nothing (Q4_0)."""
+    row_bytes = blocks.shape[1]
+    lines = (rows * row_bytes + 63) // 64
+    per = (lines + parts - 1) // parts
+    start = first_row * row_bytes
+    for line in range(part * per, min(lines, (part + 1) * per)):
+        _prefetch_line_to_l2(blocks, start + 64 * line)
 
 
 def prefetch_weight_rows(
