@@ -65,10 +65,14 @@ def min_rows(kind: str, path: int) -> int:
     (an 8192 x 2048 matrix, 2 threads, an Intel Xeon with AVX-512 VNNI), tiled / row-dot speed: VNNI Q4_0
     1.06x at 16 rows, 1.43x at 32, 1.68x at 256; Q8_0 1.09x, 1.19x, 1.63x; Q4_1 1.11x, 1.51x, 1.64x. The
     AVX2 path on the same CPU: Q4_0 0.92x at 16, 1.05x at 32, 1.07x at 64, 1.13x at 256; Q4_1 0.87x,
-    1.00x, 1.04x, 1.12x; Q8_0 (vpsignb, A and B apart) 0.75-0.90x, so never."""
+    1.00x, 1.04x, 1.12x; Q8_0 (vpsignb, A and B apart) 0.75-0.90x, so never. That one matrix stays in
+    cache; decode steps of 16 streams read theirs from memory, where the row dots win below 32 rows
+    (30 matrices of 16384 x 2048, 570 MB, 2 threads, medians of 5: VNNI Q4_0 0.82x at 16 rows, 0.85x at
+    24, 1.23x at 32; Q8_0 0.81x, 0.91x, 1.16x; Q4_1 0.94x, 0.95x, 1.42x; 17 to 31 rows fill a second
+    16-lane group only partly, so a tile costs what 32 rows do)."""
     paths = available_paths()
     if path == VNNI and VNNI in paths:
-        return 16
+        return 32
     if path == AVX2 and AVX2 in paths and kind != "q8_0":
         return 64
     return NEVER
