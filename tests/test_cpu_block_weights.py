@@ -287,28 +287,22 @@ def test_weight_copies_fill_the_placeholders_in_use_after_before_copying(tmp_pat
 def test_clean_library_mappings_leave_out_written_and_writable_ones() -> None:
     """Only a library's mappings that hold no page the process wrote may be given back: its code and
     read-only data, not its relocated read-only data (dirty, anonymous) nor its writable data."""
-    smaps = """\
-7f0000000000-7f0000100000 r--p 00000000 fd:01 42   /usr/lib/libllvmlite.so
-Rss:                 400 kB
-Private_Dirty:         0 kB
-Anonymous:             0 kB
-7f0000100000-7f0000300000 r-xp 00100000 fd:01 42   /usr/lib/libllvmlite.so
-Rss:                1200 kB
-Private_Dirty:         0 kB
-Anonymous:             0 kB
-7f0000300000-7f0000310000 r--p 00300000 fd:01 42   /usr/lib/libllvmlite.so
-Rss:                  64 kB
-Private_Dirty:        64 kB
-Anonymous:            64 kB
-7f0000310000-7f0000320000 rw-p 00310000 fd:01 42   /usr/lib/libllvmlite.so
-Rss:                  16 kB
-Private_Dirty:        16 kB
-Anonymous:            16 kB
-7f0000400000-7f0000500000 r-xp 00000000 fd:01 43   /usr/lib/libllvmlite.so.bak
-Rss:                 100 kB
-Private_Dirty:         0 kB
-Anonymous:             0 kB
-"""
+
+    def entry(start: int, end: int, perms: str, path: str, written_kb: int) -> str:
+        header = f"{start:x}-{end:x} {perms} {start - 0x7F0000000000:08x} fd:01 42   {path}"
+        rows = ("Rss: 64 kB", f"Private_Dirty: {written_kb} kB", f"Anonymous: {written_kb} kB")
+        return "\n".join((header, *rows))
+
+    library = "/usr/lib/libllvmlite.so"
+    smaps = "\n".join(
+        [
+            entry(0x7F0000000000, 0x7F0000100000, "r--p", library, 0),  # read-only data
+            entry(0x7F0000100000, 0x7F0000300000, "r-xp", library, 0),  # code
+            entry(0x7F0000300000, 0x7F0000310000, "r--p", library, 64),  # relocated (RELRO)
+            entry(0x7F0000310000, 0x7F0000320000, "rw-p", library, 16),  # writable data
+            entry(0x7F0000400000, 0x7F0000500000, "r-xp", library + ".bak", 0),  # another file
+        ]
+    )
     assert clean_library_mappings(smaps, "libllvmlite.so") == [
         (0x7F0000000000, 0x7F0000100000),
         (0x7F0000100000, 0x7F0000300000),
