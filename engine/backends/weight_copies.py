@@ -27,9 +27,9 @@ above the model's, not one whole matrix."""
 
 @dataclass(frozen=True)
 class _Pending:
-    """A copy still to make: `source` ([rows, row bytes] blocks) into rows `row` onward
-    of the placeholder whose memory is `region` (held weakly: a placeholder no weight uses any more, such
-    as a part that a stack copied together again, is skipped)."""
+    """A copy still to make: `source` ([rows, row bytes] blocks) into rows `row` onward of the
+    placeholder of `shape` whose memory is `region` (held weakly: a placeholder no weight uses any more,
+    such as a part that a stack copied together again, is skipped)."""
 
     region: weakref.ref[mmap.mmap]
     shape: tuple[int, int]
