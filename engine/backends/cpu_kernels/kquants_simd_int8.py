@@ -46,6 +46,7 @@ from .simd import (
 )
 from .simd_int8 import (
     AVX2,
+    PATH_NAMES,
     PORTABLE,
     add_scaled_lanes,
     available_paths,
@@ -436,7 +437,7 @@ def _make(kind: str, rows: int, path: int):
         signature = types.UniTuple(types.float32, rows)(row, xq, xd, xb, types.int64)
         return signature, _codegen(kind, rows, path)
 
-    typer.__name__ = f"{kind}_i8dot{rows}_{('portable', 'avx2', 'vnni')[path]}"
+    typer.__name__ = f"{kind}_i8dot{rows}_{PATH_NAMES[path]}"
     typer.__doc__ = f"""(row uint8, xq int8 [B, n], xd float32 [B, n // 256], xb int32 [B, n // 16], b0) ->
     the {rows} int8-activation dot products of the {kind.upper()} row with rows b0.. (the activations:
     activations.quantize_activations_k)."""
@@ -457,7 +458,7 @@ def _make_pair(kind: str, path: int):
         signature = types.UniTuple(types.float32, 2)(row0, row1, xq, xd, xb, types.int64)
         return signature, _codegen(kind, 1, path, weight_rows=2)
 
-    typer.__name__ = f"{kind}_i8pair_{('portable', 'avx2', 'vnni')[path]}"
+    typer.__name__ = f"{kind}_i8pair_{PATH_NAMES[path]}"
     typer.__doc__ = f"""(row0, row1 uint8: weight rows o and o + 1 of one C-ordered matrix, xq, xd, xb, b) ->
     the int8-activation dot products of both {kind.upper()} rows with activation row b, each computed
     exactly as the one-row kernel computes it (decode: two rows share a loop and its reduction)."""

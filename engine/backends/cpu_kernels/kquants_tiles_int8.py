@@ -36,6 +36,7 @@ from .simd import (
 )
 from .simd_int8 import (
     AVX2,
+    PATH_NAMES,
     PORTABLE,
     VNNI,
     _dpwssd,
@@ -271,7 +272,7 @@ def _make(kind: str, path: int):
         sig = tile_signature(arrays, g, r0)
         return None if sig is None else (sig, _codegen(kind, path, lanes, rows))
 
-    typer.__name__ = f"{kind}_tile_{('portable', 'avx2', 'vnni')[path]}"
+    typer.__name__ = f"{kind}_tile_{PATH_NAMES[path]}"
     return intrinsic(typer)
 
 

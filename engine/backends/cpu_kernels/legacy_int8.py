@@ -34,9 +34,6 @@ TILE = 16
 INT8_PATH = simd_int8.available_paths()[-1]
 """The int8 path the public int8 kernels use: the best this host has (VNNI > AVX2 > portable)."""
 
-PATH_NAMES = ("portable", "avx2", "vnni")
-"""The name of each int8 path (in the bound kernels' names)."""
-
 
 @njit(cache=True)
 def int8_activations(xq, xs):
@@ -203,7 +200,7 @@ def bound_kernel(kind: str, path: int, tiles: bool = True) -> Callable[..., None
         def bound(blocks, xq, xs, out):
             _row_dots(blocks, xq, xs, out, kind, path)
 
-    bound.__qualname__ = f"{kind}_int8_{PATH_NAMES[path]}" + ("" if tiles else "_row_dots")
+    bound.__qualname__ = f"{kind}_int8_{simd_int8.PATH_NAMES[path]}" + ("" if tiles else "_row_dots")
     return njit(cache=True)(bound)
 
 

@@ -38,6 +38,7 @@ from .simd_int8 import (
     _LAYOUTS,
     _OFFSETS,
     AVX2,
+    PATH_NAMES,
     PORTABLE,
     VNNI,
     _halves_avx2,
@@ -281,7 +282,7 @@ def _make(kind: str, path: int):
         sig = tile_signature(arrays, g, r0)
         return None if sig is None else (sig, _codegen(kind, path, lanes, rows))
 
-    typer.__name__ = f"{kind}_legacy_tile_{('portable', 'avx2', 'vnni')[path]}"
+    typer.__name__ = f"{kind}_legacy_tile_{PATH_NAMES[path]}"
     return intrinsic(typer)
 
 
@@ -518,5 +519,5 @@ def tiled_kernel(kind: str, path: int) -> Callable[..., None]:
     def bound(blocks, xq, xs, out):
         tiled_matmul(blocks, xq, xs, out, kind, path)
 
-    bound.__qualname__ = f"{kind}_tiled_{('portable', 'avx2', 'vnni')[path]}"
+    bound.__qualname__ = f"{kind}_tiled_{PATH_NAMES[path]}"
     return njit(cache=True)(bound)

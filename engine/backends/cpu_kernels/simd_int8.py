@@ -50,6 +50,9 @@ llvm.initialize_native_asmparser()
 PORTABLE, AVX2, VNNI = 0, 1, 2
 """int8 paths (the `path` argument of the int8 kernels)."""
 
+PATH_NAMES = ("portable", "avx2", "vnni")
+"""The name of each int8 path (PORTABLE, AVX2, VNNI), in the kernels' names."""
+
 ROW_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8)
 """Activation rows per intrinsic call: 8 rows' accumulators and the shared weight pair fit in the 32
 vector registers of AVX-512; AVX2's 16 spill a few values a pair (Q4_0: 26 stack accesses among 144
@@ -602,7 +605,7 @@ def _make(kind: str, rows: int, path: int):
         sig = types.UniTuple(types.float32, rows)(row, xa, xu, xsum, xs_sum, xs4, types.int64)
         return sig, _codegen(kind, rows, path)
 
-    typer.__name__ = f"{kind}_i8dot{rows}_{('portable', 'avx2', 'vnni')[path]}"
+    typer.__name__ = f"{kind}_i8dot{rows}_{PATH_NAMES[path]}"
     typer.__doc__ = f"""(row uint8, xa int8 [B, n], xu uint8 [B, n], xsum int32 [B, n // 8],
     xs_sum float32 [B, n // 8], xs4 float32 [B, n // 8], b0) -> the {rows} int8-activation dot products
     of the {kind.upper()} row with rows b0.. (the activation arrays: legacy_int8.int8_activations)."""
@@ -625,7 +628,7 @@ def _make_pair(kind: str, path: int):
         sig = types.UniTuple(types.float32, 2)(row0, row1, xa, xu, xsum, xs_sum, xs4, types.int64)
         return sig, _codegen(kind, 1, path, weight_rows=2)
 
-    typer.__name__ = f"{kind}_i8pair_{('portable', 'avx2', 'vnni')[path]}"
+    typer.__name__ = f"{kind}_i8pair_{PATH_NAMES[path]}"
     typer.__doc__ = f"""(row0, row1 uint8: weight rows o and o + 1 of one C-ordered matrix, the activation
     arrays as the row dots take them, b) -> both {kind.upper()} rows' int8-activation dot products with
     activation row b, each computed exactly as the one-row dot computes it (a decode row: two rows share a
