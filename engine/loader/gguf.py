@@ -149,7 +149,8 @@ def _give_back_metadata_pages(reader: GGUFReader) -> None:
     """Drop the resident pages of the file's metadata from the process (madvise DONTNEED on the read-only
     map; a later read maps them from the file again): a 128k vocabulary's tokens and merges (~8 MB)
     live in Python objects and the tokenizer by now, and their pages would stay resident while the
-    weights load."""
+    weights load. (What backends.cpu_memory.give_back_pages does, through the map's own madvise: the
+    loader imports no backend.)"""
     owner: object = reader.data
     while isinstance(owner, np.ndarray) and not isinstance(owner, np.memmap):
         owner = owner.base
