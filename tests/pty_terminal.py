@@ -9,7 +9,9 @@ import select
 import signal
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -63,11 +65,30 @@ class Terminal:
         return b"".join(chunk for _, chunk in self.chunks).decode("utf-8", errors="replace")
 
     def alive(self) -> bool:
+        """Whether the child still runs; reaps it (keeping its status) once it has exited."""
         if self.status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by something else in this process: its status is lost
+                pytest.fail(f"infer's process {self.pid} was reaped outside this harness; {self.describe()}")
             if pid:
                 self.status, self.exited_at = status, time.monotonic()
         return self.status is None
+
+    def describe(self) -> str:
+        """The child's kernel state and what it printed, for a failure message (CI saw a child whose
+        outputs had closed stay unreaped for 20 s and then vanish)."""
+        try:
+            state = next(
+                line
+                for line in Path(f"/proc/{self.pid}/status").read_text().splitlines()
+                if line.startswith("State:")
+            )
+            wchan = Path(f"/proc/{self.pid}/wchan").read_text()
+            where = f"{state}, wchan {wchan or '-'}"
+        except (OSError, StopIteration):
+            where = "no /proc entry"
+        return f"{where}; stdout {self.stdout[-300:]!r}; stderr {self.stderr.decode(errors='replace')!r}"
 
     def pump(self, timeout: float) -> None:
         """Read whatever arrives within `timeout` seconds."""
@@ -106,15 +127,19 @@ class Terminal:
         """Drain both outputs until the process exits; its exit code."""
         done = self.wait_for(lambda: not self.alive() and self.master < 0 and self.stderr_fd < 0, timeout)
         if not done:
+            where = self.describe()
             self.kill()
-            pytest.fail(f"infer did not exit within {timeout} s; stderr: {self.stderr.decode()}")
+            pytest.fail(f"infer did not exit within {timeout} s; {where}")
         assert self.status is not None
         return os.waitstatus_to_exitcode(self.status)
 
     def kill(self) -> None:
-        if self.alive():
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
+        """SIGKILL the child if it still runs, reap it and close both outputs (safe to call twice)."""
+        if self.status is None:
+            with suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            with suppress(ChildProcessError):  # reaped elsewhere: alive() already reported that
+                self.status = os.waitpid(self.pid, 0)[1]
         for fd in (self.master, self.stderr_fd):
             if fd >= 0:
                 os.close(fd)
