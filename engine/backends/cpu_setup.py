@@ -9,6 +9,7 @@ no numba.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -75,12 +76,23 @@ def threads_warning(options: BackendOptions, others: float | None = None) -> str
 
 
 def use_kernel_cache(cache_home: Path) -> None:
-    """Point numba's compiled-kernel cache at `cache_home/numba` when the package folder is read-only
-    (a system or wheel install), so kernels compile once per machine, not once per run. Must run before
-    the kernels are imported; a NUMBA_CACHE_DIR the user set wins."""
+    """Point numba's compiled-kernel cache at `cache_home/numba/KEY` when the package folder is
+    read-only (a system or wheel install), so kernels compile once per machine, not once per run. KEY
+    names the kernel sources (cpu_kernels/cache_freshness.py): an upgrade compiles into a folder of
+    its own and the folders of other sources are deleted then. Must run before the kernels are
+    imported; a NUMBA_CACHE_DIR the user set wins (and keeping it fresh is the user's part)."""
     package = Path(__file__).parent
-    if "NUMBA_CACHE_DIR" not in os.environ and not os.access(package, os.W_OK):
-        os.environ["NUMBA_CACHE_DIR"] = str(cache_home / "numba")
+    if "NUMBA_CACHE_DIR" in os.environ or os.access(package, os.W_OK):
+        return  # a writable package caches beside its sources, kept fresh as the package loads
+    from infer.engine.backends.cpu_kernels.cache_freshness import sources_key
+
+    folders = cache_home / "numba"
+    current = folders / sources_key()
+    if not current.is_dir() and folders.is_dir():
+        for other in folders.iterdir():  # compiled from other sources: never loaded again
+            if other.is_dir():
+                shutil.rmtree(other, ignore_errors=True)
+    os.environ["NUMBA_CACHE_DIR"] = str(current)
 
 
 NUMBA_BLAS_PROBE = "scipy.linalg.cython_blas"

@@ -6,7 +6,9 @@ modules are listed in _MODULES as (module, dict name) and merged in order (a typ
 
 Importing the package imports no numba: `KERNELS`, `quantize_activations` and `cpu_features` load on
 first use, so the `blas` mode, `infer --help` and the profile schema (which reads the QuantKernels
-record) never pay for loading compiled kernels.
+record) never pay for loading compiled kernels. It does drop numba's cache entries in the package's
+own `__pycache__` that were compiled from other kernel sources (cache_freshness.py), before any
+kernel module can load one.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from infer.engine.backends.cpu_kernels.cache_freshness import drop_stale_in_tree_cache
 from infer.engine.backends.cpu_kernels.registry import QuantKernels
+
+drop_stale_in_tree_cache()
 
 _MODULES: tuple[tuple[str, str], ...] = (
     ("legacy", "LEGACY_KERNELS"),  # Q4_0, Q4_1, Q8_0, Q5_0, Q5_1
