@@ -111,7 +111,7 @@ def main() -> None:
 def report(path: Path, args: argparse.Namespace, kv_dtype: str) -> None:
     """The step, attention per layer and share at each context, with the KV cache in `kv_dtype`."""
     engine_config = EngineConfig(ctx_size=256, max_num_seqs=1, kv_cache_dtype=kv_dtype)
-    engine = load_engine(path, engine_config, cpu_kernels=args.cpu_kernels)
+    engine = load_engine(path, engine_config, cpu_kernels=args.cpu_kernels, mmap=False)  # as infer runs
     config = engine.model.config
     layers = config.num_hidden_layers
     step = decode_ms(engine, args.tokens)

@@ -41,6 +41,7 @@ def main() -> None:
         args.model or ensure_default_model(),
         EngineConfig(ctx_size=args.context + 64, max_num_seqs=1),
         cpu_kernels=args.cpu_kernels,
+        mmap=False,  # the weights copied, as infer's default profile runs them
     )
     model = engine.model
     cache = model.make_cache(1, args.context + 64)
