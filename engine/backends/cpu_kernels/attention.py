@@ -18,9 +18,8 @@ The cache may hold float32 or IEEE halves (as uint16 bits, `kv_cache_dtype: f16`
 widened to float32 as it is loaded (kv_storage.py), so the arithmetic and its order are the same for
 both; numba compiles one specialization per element type.
 
-numba's cache tracks only the source file of the cached function: after editing rowops.exp_f32, which
-the softmax inlines, or simd.py's splat and kv_storage.py's loads, which the kernels emit, touch this
-file so the kernel is recompiled.
+The softmax inlines rowops.exp_f32 and the kernels emit simd.py's splat and kv_storage.py's loads;
+cache_freshness.py drops the cached kernels when any of those changes.
 """
 
 from __future__ import annotations

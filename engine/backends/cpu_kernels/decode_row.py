@@ -17,8 +17,8 @@ them statically would compile every type's kernels on every path into this funct
 Zen 3 VM) for a model that reads one or two types; through a function value only the types a model
 has compile, and the compiled function caches (its signature names no particular kernel).
 
-numba's cache tracks only this file for `_decode_layers`, which links rowops.py, attention.py and
-activations.py statically: after editing those, touch this file.
+`_decode_layers` links rowops.py, attention.py and activations.py statically; its cache entry is
+dropped when any kernel module changes (cache_freshness.py).
 """
 
 from __future__ import annotations

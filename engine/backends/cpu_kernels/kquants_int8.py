@@ -12,8 +12,8 @@ out[b, o] goes through the same arithmetic in the same order whatever group or k
 path gives the same integers, so a row's result is bit-identical alone, in any batch, and on every path
 (kquants_simd_int8.py says why).
 `matmul_int8_path` runs one path by number (simd_int8: PORTABLE, AVX2, VNNI); the public kernels take
-the best the host has. numba's cache tracks only this file: after editing kquants_simd_int8.py or
-simd_int8.py, touch this file.
+the best the host has. Their cache entries hold kquants_simd_int8.py's and simd_int8.py's code too:
+cache_freshness.py drops them when any kernel module changes.
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ row's dot runs 64 lanes in four 16-lane vectors, lane l taking weights l, l + 64
 with fmul then fadd, then (v0 + v1) + (v2 + v3) and a halving tree: `_vdot`'s order. So a row's result
 is the same alone, in any batch, and whichever of the two paths computed it.
 
-numba's cache tracks only the source file of the cached function (kquants.py): after editing this file,
-touch kquants.py so the kernels are recompiled.
+The cached functions live in kquants.py; cache_freshness.py drops their entries when this file changes.
 """
 
 from __future__ import annotations

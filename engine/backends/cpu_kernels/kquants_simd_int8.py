@@ -25,8 +25,8 @@ The `*_pair` intrinsics (`_make_pair`) run two weight rows against one activatio
 (decode): the same integers and float steps for each (weight row, activation row), in lanes of one vector.
 That order is written here, fixed for every row and call, and nothing in it depends on B or on the other
 rows of a call: a row's result is bit-identical alone, in any batch, as a verify row, and on every path
-(the integer lanes are the same numbers). numba's cache tracks only kquants_int8.py for these kernels:
-after editing this file (or simd_int8.py), touch kquants_int8.py.
+(the integer lanes are the same numbers). The cache entries of kquants_int8.py hold this file's code;
+cache_freshness.py drops them when it changes.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ rows a call takes the tiled kernel of legacy_tiles_int8.py instead, which gives 
 One driver, `_matmul`, specialised per type and int8 path (both literal arguments), so a process compiles
 (or loads from numba's cache) only its model's types on the path its host runs; `matmul_int8_path`
 reaches the other paths (the tests compare them bit for bit).
-numba's cache tracks only this file for these kernels: after editing simd_int8.py, touch this file.
+These kernels' cache entries also hold simd_int8.py's code: cache_freshness.py drops them when it changes.
 """
 
 from __future__ import annotations

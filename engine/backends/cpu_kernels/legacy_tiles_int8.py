@@ -17,8 +17,8 @@ simd.sum_lanes' tree. So every out[b, o] has the bits the row dots give it, whic
 AVX2 has no vpdpbusd: vpmaddubsw of A and B, one vpaddw (|w| <= 31 against xq + 128 <= 255: every int16
 sum stays exact), one vpmaddwd; Q8_0's |w| reaches 128 there, so it meets xq signed as llama.cpp does
 (vpsignb, vpmaddubsw of |w|, A and B apart) and needs no -128 correction.
-legacy_int8's bound kernels compile this file's driver into their own cache files, which numba ties to
-legacy_int8.py only: after editing this file, touch legacy_int8.py.
+legacy_int8's bound kernels compile this file's driver into their own cache files; cache_freshness.py
+drops them when this file changes.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ A row's result depends on its run only (its block's bounds are counted from the 
 prefill chunk boundaries are fixed from the start of the prompt), never on the thread count or on the
 other sequences in the batch.
 
-numba's cache tracks only the source file of the cached function: after editing rowops.exp_f32, which
-the softmax inlines, touch this file so the kernel is recompiled.
+The softmax inlines rowops.exp_f32; cache_freshness.py drops the cached kernel when rowops.py changes.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ the 16 lanes summed by a fixed tree. Nothing depends on B or on the other rows o
 result is bit-identical alone or in any batch. LLVM selects the instructions for the host (AVX-512: one
 zmm per 16 lanes; AVX2: two ymm; otherwise SSE); the arithmetic and its order are the same on all.
 
-numba's cache tracks only the source file of the cached function (legacy.py), not this one: after
-editing this file, touch legacy.py (or clear its __pycache__) so the kernels are recompiled.
+The cached functions live in the drivers (legacy.py...); cache_freshness.py drops their entries when this
+file changes.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ two weight rows in one loop with each (weight row, row)'s own lanes and chains, 
 Nothing depends on B or on the other rows of a call, so a
 row's result is bit-identical alone or in any batch; a tiled kernel (one activation row per vector
 lane) can give the same bits by keeping each of the eight lanes in a float chain of its own. A path
-the host lacks compiles as portable. As for simd.py, numba's cache does not see edits here: touch
-legacy_int8.py after changing this file.
+the host lacks compiles as portable. The drivers' cache entries hold this file's code:
+cache_freshness.py drops them when it changes.
 """
 
 from __future__ import annotations
