@@ -77,29 +77,29 @@ _V16I16 = ir.VectorType(ir.IntType(16), 16)
 BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 
 
+def _load32(builder: ir.IRBuilder, block: ir.Value, offset: int) -> ir.Value:
+    return load_vec(builder, builder.gep(block, [ir.Constant(_I64, offset)]), _V32I8)
+
+
 def _chunk_quants(builder: ir.IRBuilder, kind: str, block: ir.Value, chunk: int) -> ir.Value:
     """The 64 unsigned quants of 64-weight chunk `chunk` (0..3) of the super-block at `block`, in weight
     order, as <64 x i8>."""
-    v8i64 = ir.VectorType(_I64, 8)
+    fifteen, four = const_vec(_V32I8, 15), const_vec(_V32I8, 4)
     if kind == "q6_k":  # 4 low bits from ql, 2 high bits from qh (llama.cpp's q1..q4 of a 128-half)
-        # weight i < 32 of the chunk: ql[64 * part + i], its bits from 4 * upper, with bits
-        # 2 * (2 * upper) of qh[32 * part + i] on top; weight 32 + i: ql[64 * part + 32 + i], qh's bits
-        # 2 * (2 * upper + 1). Shifts of 64-bit lanes, then byte masks (every bit kept stays in its
-        # byte): the 32 qh bytes in both halves, moved to bits 4-5 by lane (left 4 / 2, or right 0 / 2)
         part, upper = divmod(chunk, 2)
-        ql = load_vec(builder, builder.gep(block, [ir.Constant(_I64, 64 * part)]), v8i64)
-        if upper:
-            ql = builder.lshr(ql, ir.Constant(v8i64, [4] * 8))
-        low = builder.and_(builder.bitcast(ql, _V64I8), const_vec(_V64I8, 15))
-        qh = _both_halves(builder, block, 128 + 32 * part)
-        if upper:
-            moved = builder.lshr(qh, ir.Constant(v8i64, [0] * 4 + [2] * 4))
-        else:
-            moved = builder.shl(qh, ir.Constant(v8i64, [4] * 4 + [2] * 4))
-        return builder.or_(low, builder.and_(builder.bitcast(moved, _V64I8), const_vec(_V64I8, 0x30)))
+        parts = []
+        for second in (0, 1):
+            ql = _load32(builder, block, 64 * part + 32 * second)
+            qh = _load32(builder, block, 128 + 32 * part)
+            low = builder.lshr(ql, four) if upper else builder.and_(ql, fifteen)
+            shift = 2 * (2 * upper + second)
+            high = builder.and_(builder.lshr(qh, const_vec(_V32I8, shift)), const_vec(_V32I8, 3))
+            parts.append(builder.or_(low, builder.shl(high, four)))
+        return concat(builder, parts[0], parts[1])
     # the 32 quant bytes in both halves of one vector (one broadcast load), the high half shifted right
     # by 4 in its 64-bit lanes, then one mask: the low nibbles, then the high ones (each bit moved
     # stays inside its byte)
+    v8i64 = ir.VectorType(_I64, 8)
     qs_offset = 16 if kind == "q4_k" else 48
     both = _both_halves(builder, block, qs_offset + 32 * chunk)
     nibbles = builder.bitcast(builder.lshr(both, ir.Constant(v8i64, [0] * 4 + [4] * 4)), _V64I8)
