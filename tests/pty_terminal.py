@@ -135,11 +135,14 @@ class Terminal:
 
     def kill(self) -> None:
         """SIGKILL the child if it still runs, reap it and close both outputs (safe to call twice)."""
-        if self.status is None:
-            with suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-            with suppress(ChildProcessError):  # reaped elsewhere: alive() already reported that
-                self.status = os.waitpid(self.pid, 0)[1]
+        # a child reaped elsewhere is left alone: its pid may belong to another process by now
+        with suppress(ChildProcessError):
+            if self.status is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if not pid:  # still ours and running: unreaped, its pid cannot be reused
+                    os.kill(self.pid, signal.SIGKILL)
+                    pid, status = os.waitpid(self.pid, 0)
+                self.status = status
         for fd in (self.master, self.stderr_fd):
             if fd >= 0:
                 os.close(fd)
