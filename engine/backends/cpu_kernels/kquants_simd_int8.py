@@ -149,22 +149,31 @@ def _block_halves(builder: ir.IRBuilder, kind: str, block: ir.Value) -> tuple[ir
     return d, builder.extract_element(floats, ir.Constant(_I32, 1))
 
 
-def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value):
+def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value, second: ir.Value | None = None):
     """(sc, m) of the super-block at `block`: Q4_K, Q5_K: the 8 six-bit sub-block scales and mins as
-    <8 x i32>, unpacked from the 12 scale bytes; Q6_K: the 16 signed scales as <16 x i32>, None."""
+    <8 x i32>, unpacked from the 12 scale bytes; Q6_K: the 16 signed scales as <16 x i32>, None.
+    With a `second` super-block (Q4_K, Q5_K: the other row of a pair) both rows' in one <16 x i32> each,
+    lanes 0-7 the first row's and 8-15 the second's: one 512-bit pass instead of two 256-bit ones, the
+    same integers (a decode pair's loop spent a third of its vector instructions on the scales)."""
     if kind == "q6_k":
         scales = load_vec(builder, builder.gep(block, [ir.Constant(_I64, 192)]), ir.VectorType(_I8, 16))
         return builder.sext(scales, _V16I32), None
-    v8i32 = ir.VectorType(_I32, 8)
-    raw = builder.zext(
-        load_vec(builder, builder.gep(block, [ir.Constant(_I64, 4)]), ir.VectorType(_I8, 16)), _V16I32
-    )  # the 12 scale bytes s0..s11 (and 4 nibble bytes, unused)
 
-    def pick(indices: list[int]) -> ir.Value:
-        return _shuffle(builder, raw, indices)
+    def scale_bytes(at: ir.Value) -> ir.Value:  # the 12 scale bytes s0..s11 (and 4 nibble bytes, unused)
+        raw_bytes = load_vec(builder, builder.gep(at, [ir.Constant(_I64, 4)]), ir.VectorType(_I8, 16))
+        return builder.zext(raw_bytes, _V16I32)
+
+    rows = 1 if second is None else 2
+    raws = [scale_bytes(block)] + ([] if second is None else [scale_bytes(second)])
+    vty = ir.VectorType(_I32, 8 * rows)
+
+    def pick(indices: list[int]) -> ir.Value:  # the same byte indices in each row's lanes
+        every = [16 * r + i for r in range(rows) for i in indices]
+        other = raws[-1] if rows == 2 else raws[0]
+        return builder.shuffle_vector(raws[0], other, ir.Constant(ir.VectorType(_I32, len(every)), every))
 
     def consts(values: list[int]) -> ir.Constant:
-        return ir.Constant(v8i32, values)
+        return ir.Constant(vty, values * rows)
 
     # j < 4: sc = s[j] & 63, m = s[j + 4] & 63; j >= 4: sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4),
     # m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4)
@@ -182,15 +191,18 @@ def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value):
     return sc, mn
 
 
-def _lanes_superblock(builder, kind: str, path: int, wide: bool, block, rows: int, xq_rows, xb_rows, sb):
+def _lanes_superblock(
+    builder, kind: str, path: int, wide: bool, block, rows: int, xq_rows, xb_rows, sb, joint=None, lane0=0
+):
     """Portable and VNNI: per activation row the exact A (Q6_K: A - 32 * sum_k sc[k] xb[k]) and M of one
-    super-block as <16 x i32> lanes to be summed, through `add_scaled_lanes` and `small_products`."""
-    sc, mn = _superblock_scales(builder, kind, block)
+    super-block as <16 x i32> lanes to be summed, through `add_scaled_lanes` and `small_products`.
+    `joint`: (sc, m) of a weight pair from `_superblock_scales`, this block's from lane `lane0`."""
+    sc, mn = joint if joint is not None else _superblock_scales(builder, kind, block)
     if kind == "q6_k":  # signed scales: `small_products` wants their high halves clear
         q6_offsets = low_halves(builder, path, builder.mul(sc, const_vec(_V16I32, -32)))
         sc = low_halves(builder, path, sc)
     else:
-        min_factors = _shuffle(builder, mn, [i // 2 for i in range(16)])
+        min_factors = _shuffle(builder, mn, [lane0 + i // 2 for i in range(16)])
     sc_pairs = pair_scales(builder, path, sc)  # once per super-block, each chunk shuffles its lanes
     sums = [ir.Constant(_V16I32, None)] * rows
     for chunk in range(4):
@@ -199,7 +211,7 @@ def _lanes_superblock(builder, kind: str, path: int, wide: bool, block, rows: in
         lanes_of = (
             [4 * chunk + i // 4 for i in range(16)]
             if kind == "q6_k"
-            else [2 * chunk + i // 8 for i in range(16)]
+            else [lane0 + 2 * chunk + i // 8 for i in range(16)]
         )
         lane_scales = _shuffle(builder, sc_pairs, lanes_of)
         byte0 = builder.add(builder.mul(sb, ir.Constant(_I64, 256)), ir.Constant(_I64, 64 * chunk))
@@ -379,11 +391,16 @@ def _codegen(kind: str, rows: int, path: int, weight_rows: int = 1):
         blocks = [builder.gep(ptr, [offset]) for ptr in row_ptrs]
         prefetch_weight_rows(builder, blocks, row_bytes, lines=(block_bytes + 63) // 64)
         totals, mins, halves = [], [], []
-        for block in blocks:
+        joint = None
+        if weight_rows == 2 and path != AVX2 and kind != "q6_k":  # both rows' scales in one pass
+            joint = _superblock_scales(builder, kind, blocks[0], blocks[1])
+        for w, block in enumerate(blocks):
             if path == AVX2:
                 t, m = _avx2_superblock(builder, kind, block, rows, xq_rows, xb_rows, sb)
             else:
-                t, m = _lanes_superblock(builder, kind, path, wide, block, rows, xq_rows, xb_rows, sb)
+                t, m = _lanes_superblock(
+                    builder, kind, path, wide, block, rows, xq_rows, xb_rows, sb, joint, 8 * w if joint else 0
+                )
             totals += t
             mins += m
             halves.append(_block_halves(builder, kind, block))
