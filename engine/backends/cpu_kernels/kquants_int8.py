@@ -4,8 +4,8 @@ Activations come quantized per 256-block as llama.cpp's Q8_K (activations.quanti
 int8, a scale xd per 256, the sums xb of each 16 xq), the quantizer these kernels register. Threads
 split the output rows only (prange over tiles of TILE weight rows); each super-block's scales and chunks
 are decoded in registers and shared by up to four activation rows at a time; one activation row (a
-decode step) takes two weight rows a loop instead (`_weight_pair`: one reduction tree for both, the
-prefetch covering the row after them: two streams of a thread keep more of memory's lines in flight). From
+decode step) takes two weight rows a loop instead (`_weight_pair`: one reduction tree for both, each
+row's block of the next pair prefetched: two streams of a thread keep more of memory's lines in flight). From
 kquants_tiles_int8.MIN_ROWS activation rows a call takes the tiled kernel instead (weights unpacked once
 per call, one activation row per lane), which computes the same integers and the same float part. Every
 out[b, o] goes through the same arithmetic in the same order whatever group or kernel it is in, and every
@@ -187,7 +187,7 @@ def _int8_matmul(blocks, xq, xd, xb, out, kind, path):
     rows = blocks.shape[0]
     for t in prange((rows + TILE - 1) // TILE):
         start, stop = t * TILE, min(rows, (t + 1) * TILE)
-        if n_b == 1:  # decode: two weight rows a loop (the row after a pair is prefetched too)
+        if n_b == 1:  # decode: two weight rows a loop (the next pair's rows are prefetched)
             for o in range(start, stop - 1, 2):
                 _weight_pair(blocks, xq, xd, xb, 0, o, out, kind, path)
             if (stop - start) % 2:

@@ -361,7 +361,7 @@ def _codegen(kind: str, rows: int, path: int, weight_rows: int = 1):
         n = builder.extract_value(xqa.shape, 1)
         n_sb = builder.udiv(n, ir.Constant(_I64, 256))
         sixteens = builder.udiv(n, ir.Constant(_I64, 16))
-        # two weight rows (o, o + 1 of one matrix): the prefetch also covers the row after the pair
+        # two weight rows (o, o + 1 of one matrix): the prefetch reads ahead in rows o + 2 and o + 3
         row_bytes = builder.extract_value(weights[-1].shape, 0) if weight_rows > 1 else None
         xq_rows, xd_rows, xb_rows = [], [], []
         for r in range(rows):
@@ -389,7 +389,7 @@ def _codegen(kind: str, rows: int, path: int, weight_rows: int = 1):
         acc_phi = builder.phi(fty)
         offset = builder.mul(sb, ir.Constant(_I64, block_bytes))
         blocks = [builder.gep(ptr, [offset]) for ptr in row_ptrs]
-        prefetch_weight_rows(builder, blocks, row_bytes, lines=(block_bytes + 63) // 64)
+        prefetch_weight_rows(builder, blocks, row_bytes, lines=(block_bytes + 63) // 64, next_group=True)
         totals, mins, halves = [], [], []
         joint = None
         if weight_rows == 2 and path != AVX2 and kind != "q6_k":  # both rows' scales in one pass
