@@ -134,7 +134,8 @@ def rss_growth(samples: list[float], warm_index: int) -> tuple[float, float, flo
 
     Medians of windows, not single samples: under load the RSS swings with the requests in flight (a
     2-minute CI soak once read 150 MiB at the end of its warm-up and 158 at the end, on a plateau of 160
-    with peaks of 185), while a leak moves the whole window.
+    with peaks of 185), while a leak moves the whole window. With fewer than 2 * RSS_WINDOW samples after
+    the warm-up the two windows overlap and the figure understates growth (a run under a minute long).
     """
     measured = samples[warm_index:] or samples[-1:]
     if not measured:
