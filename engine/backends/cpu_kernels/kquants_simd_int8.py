@@ -163,14 +163,13 @@ def _superblock_scales(builder: ir.IRBuilder, kind: str, block: ir.Value, second
         raw_bytes = load_vec(builder, builder.gep(at, [ir.Constant(_I64, 4)]), ir.VectorType(_I8, 16))
         return builder.zext(raw_bytes, _V16I32)
 
-    rows = 1 if second is None else 2
-    raws = [scale_bytes(block)] + ([] if second is None else [scale_bytes(second)])
+    raws = [scale_bytes(at) for at in (block, second) if at is not None]
+    rows = len(raws)
     vty = ir.VectorType(_I32, 8 * rows)
 
     def pick(indices: list[int]) -> ir.Value:  # the same byte indices in each row's lanes
         every = [16 * r + i for r in range(rows) for i in indices]
-        other = raws[-1] if rows == 2 else raws[0]
-        return builder.shuffle_vector(raws[0], other, ir.Constant(ir.VectorType(_I32, len(every)), every))
+        return builder.shuffle_vector(raws[0], raws[-1], ir.Constant(ir.VectorType(_I32, len(every)), every))
 
     def consts(values: list[int]) -> ir.Constant:
         return ir.Constant(vty, values * rows)
