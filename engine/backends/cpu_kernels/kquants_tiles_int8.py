@@ -13,6 +13,14 @@ the same A and M the row dots compute (all exact int32), followed by the same fl
 acc = fma(d * xd, float(A), acc), accm = fma(dmin * xd, float(M), accm), super-block after super-block,
 result acc - accm. So every out[b, o] has the bits the row dots give it, whichever kernel a call takes,
 on every path (AVX-512 VNNI: 16 lanes; AVX-VNNI, AVX2 (vpmaddubsw + vpmaddwd) and portable: 8).
+
+With 16 lanes a call takes two groups of them where two are left (a last odd group alone): each
+broadcast quad of a weight row goes into both groups' sums, and the super-block's sub-blocks run in a
+loop of a few at a time (QUADS_PER_STEP) instead of unrolled whole. The vpdpbusd core runs two a cycle
+on the Intel VM of the README (413 GMAC/s a core, measured with a chain-free loop), where one group of
+four rows ran at about 40 % of that; with the pairs, 256 x 2048 activations against K-quant matrices
+from cache on 2 threads, 8192 x 2048: Q4_K 275-291 against 247-284 GMAC/s, Q6_K 280-319 against 239-283;
+2048 x 8192: Q4_K 320-324 against 272-298, Q6_K 313-333 against 258-271 (alternating, 3 rounds).
 """
 
 from __future__ import annotations
@@ -122,13 +130,20 @@ def _pair_products(builder: ir.IRBuilder, path: int, acc: ir.Value, a: ir.Value,
     return builder.add(acc, builder.add(builder.mul(low(a), low(b)), builder.mul(high(a), high(b))))
 
 
-def _codegen(kind: str, path: int, lanes: int, rows: int):
+QUADS_PER_STEP = 8
+"""With two groups a call: quads (four weights) of each row a step of the loop over a super-block's
+sub-blocks (Q4_K, Q5_K: one sub-block; Q6_K: two). Unrolled whole (one step), LLVM interleaved the
+sub-blocks' products and spilled the running sums."""
+
+
+def _codegen(kind: str, path: int, lanes: int, rows: int, groups: int):
     subs = SUB_BLOCKS[kind]
     quads_per_sub = 256 // subs // 4
     has_min = kind != "q6_k"
     ity = ir.VectorType(_I32, lanes)
     fty = ir.VectorType(_F32, lanes)
     bty = ir.VectorType(_I8, 4 * lanes)
+    subs_per_step = max(1, QUADS_PER_STEP // quads_per_sub) if groups > 1 else subs
 
     def codegen(context, builder, signature, args):
         wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res = (
@@ -144,21 +159,31 @@ def _codegen(kind: str, path: int, lanes: int, rows: int):
         dd_ptr = builder.bitcast(dd.data, _F32.as_pointer())
         dm_ptr = builder.bitcast(dm.data, _F32.as_pointer())
         mp_ptr = builder.bitcast(mp.data, _I32.as_pointer())
-        # this group's packed activations: n bytes of each of `lanes` rows; xd and the xb pairs per sb
-        xp_ptr = builder.gep(
-            builder.bitcast(xp.data, _I8.as_pointer()),
-            [builder.mul(g, builder.mul(n, ir.Constant(_I64, lanes)))],
-        )
-        xd_ptr = builder.gep(
-            builder.bitcast(xdp.data, _F32.as_pointer()),
-            [builder.mul(g, builder.mul(n_sb, ir.Constant(_I64, lanes)))],
-        )
-        xb_ptr = builder.gep(
-            builder.bitcast(xbp.data, _I32.as_pointer()),
-            [builder.mul(g, builder.mul(n_sb, ir.Constant(_I64, 4 * lanes)))],
-        )
+        # each group's packed activations: n bytes of each of `lanes` rows; xd and the xb pairs per sb
+        xp_ptrs, xd_ptrs, xb_ptrs = [], [], []
+        for gi in range(groups):
+            gg = builder.add(g, ir.Constant(_I64, gi))
+            xp_ptrs.append(
+                builder.gep(
+                    builder.bitcast(xp.data, _I8.as_pointer()),
+                    [builder.mul(gg, builder.mul(n, ir.Constant(_I64, lanes)))],
+                )
+            )
+            xd_ptrs.append(
+                builder.gep(
+                    builder.bitcast(xdp.data, _F32.as_pointer()),
+                    [builder.mul(gg, builder.mul(n_sb, ir.Constant(_I64, lanes)))],
+                )
+            )
+            xb_ptrs.append(
+                builder.gep(
+                    builder.bitcast(xbp.data, _I32.as_pointer()),
+                    [builder.mul(gg, builder.mul(n_sb, ir.Constant(_I64, 4 * lanes)))],
+                )
+            )
         row_ids = [builder.add(r0, ir.Constant(_I64, r)) for r in range(rows)]
         zero_f = ir.Constant(fty, None)
+        keys = [(r, gi) for r in range(rows) for gi in range(groups)]
 
         entry = builder.block
         loop = builder.append_basic_block("superblocks")
@@ -167,90 +192,140 @@ def _codegen(kind: str, path: int, lanes: int, rows: int):
 
         builder.position_at_end(loop)
         sb = builder.phi(_I64)
-        acc_phis = [builder.phi(fty) for _ in range(rows)]
-        min_phis = [builder.phi(fty) for _ in range(rows)] if has_min else []
+        acc_phis = {k: builder.phi(fty) for k in keys}
+        min_phis = {k: builder.phi(fty) for k in keys} if has_min else {}
         row_sb = [builder.add(builder.mul(row, n_sb), sb) for row in row_ids]  # index into [rows, n_sb]
         w_rows = [
             builder.gep(wq_ptr, [builder.add(builder.mul(row, n), builder.mul(sb, ir.Constant(_I64, 256)))])
             for row in row_ids
         ]
-        x_sb = builder.gep(xp_ptr, [builder.mul(sb, ir.Constant(_I64, 256 * lanes))])
-        sums = [ir.Constant(ity, None)] * rows
-        for j in range(subs):
-            parts = [ir.Constant(ity, None)] * rows
+        x_sbs = [builder.gep(xp_ptr, [builder.mul(sb, ir.Constant(_I64, 256 * lanes))]) for xp_ptr in xp_ptrs]
+        pre = builder.block
+        jloop = builder.append_basic_block("subs")
+        jdone = builder.append_basic_block("subs_done")
+        builder.branch(jloop)
+        builder.position_at_end(jloop)
+        first_sub = builder.phi(_I64)
+        sum_phis = {k: builder.phi(ity) for k in keys}
+        sums = dict(sum_phis)
+        for step in range(subs_per_step):
+            j = builder.add(first_sub, ir.Constant(_I64, step))
+            parts = {k: ir.Constant(ity, None) for k in keys}
             for q in range(quads_per_sub):
-                quad = j * quads_per_sub + q
-                xv = load_vec(builder, builder.gep(x_sb, [ir.Constant(_I64, 4 * lanes * quad)]), bty)
+                quad = builder.add(builder.mul(j, ir.Constant(_I64, quads_per_sub)), ir.Constant(_I64, q))
+                xvs = [
+                    load_vec(
+                        builder, builder.gep(x_sb, [builder.mul(quad, ir.Constant(_I64, 4 * lanes))]), bty
+                    )
+                    for x_sb in x_sbs
+                ]
                 for r in range(rows):
                     wptr = builder.bitcast(
-                        builder.gep(w_rows[r], [ir.Constant(_I64, 4 * quad)]), _I32.as_pointer()
+                        builder.gep(w_rows[r], [builder.mul(quad, ir.Constant(_I64, 4))]), _I32.as_pointer()
                     )
                     wv = builder.bitcast(splat(builder, builder.load(wptr, align=1), lanes), bty)
-                    parts[r] = _dot4(builder, path, parts[r], xv, wv)
+                    for gi in range(groups):
+                        parts[(r, gi)] = _dot4(builder, path, parts[(r, gi)], xvs[gi], wv)
             for r in range(rows):
-                index = builder.add(builder.mul(row_sb[r], ir.Constant(_I64, subs)), ir.Constant(_I64, j))
+                index = builder.add(builder.mul(row_sb[r], ir.Constant(_I64, subs)), j)
                 scale = splat(builder, builder.load(builder.gep(sc_ptr, [index])), lanes)
-                sums[r] = builder.add(sums[r], builder.mul(parts[r], scale))
-        xd = load_vec(builder, builder.gep(xd_ptr, [builder.mul(sb, ir.Constant(_I64, lanes))]), fty)
-        accs, mins = [], []
-        for r in range(rows):
-            total = builder.sub(
-                sums[r], splat(builder, builder.load(builder.gep(corr_ptr, [row_sb[r]])), lanes)
-            )
-            d = splat(builder, builder.load(builder.gep(dd_ptr, [row_sb[r]])), lanes)
-            accs.append(fma(builder, builder.fmul(d, xd), builder.sitofp(total, fty), acc_phis[r]))
-            if has_min:
-                m = ir.Constant(ity, None)
-                for p in range(4):
-                    xb = load_vec(
-                        builder,
-                        builder.gep(
-                            xb_ptr,
-                            [
-                                builder.add(
-                                    builder.mul(sb, ir.Constant(_I64, 4 * lanes)),
-                                    ir.Constant(_I64, p * lanes),
-                                )
-                            ],
-                        ),
-                        ity,
-                    )
-                    factor = builder.load(
-                        builder.gep(
-                            mp_ptr,
-                            [builder.add(builder.mul(row_sb[r], ir.Constant(_I64, 4)), ir.Constant(_I64, p))],
+                for gi in range(groups):
+                    sums[(r, gi)] = builder.add(sums[(r, gi)], builder.mul(parts[(r, gi)], scale))
+        next_sub = builder.add(first_sub, ir.Constant(_I64, subs_per_step))
+        jend = builder.block
+        builder.cbranch(builder.icmp_unsigned("<", next_sub, ir.Constant(_I64, subs)), jloop, jdone)
+        first_sub.add_incoming(ir.Constant(_I64, 0), pre)
+        first_sub.add_incoming(next_sub, jend)
+        for k in keys:
+            sum_phis[k].add_incoming(ir.Constant(ity, None), pre)
+            sum_phis[k].add_incoming(sums[k], jend)
+        builder.position_at_end(jdone)
+        finished = {}
+        for k in keys:
+            phi = builder.phi(ity)
+            phi.add_incoming(sums[k], jend)
+            finished[k] = phi
+        sums = finished
+        accs, mins = {}, {}
+        for gi in range(groups):
+            xd = load_vec(builder, builder.gep(xd_ptrs[gi], [builder.mul(sb, ir.Constant(_I64, lanes))]), fty)
+            for r in range(rows):
+                total = builder.sub(
+                    sums[(r, gi)], splat(builder, builder.load(builder.gep(corr_ptr, [row_sb[r]])), lanes)
+                )
+                d = splat(builder, builder.load(builder.gep(dd_ptr, [row_sb[r]])), lanes)
+                accs[(r, gi)] = fma(
+                    builder, builder.fmul(d, xd), builder.sitofp(total, fty), acc_phis[(r, gi)]
+                )
+                if has_min:
+                    m = ir.Constant(ity, None)
+                    for p in range(4):
+                        xb = load_vec(
+                            builder,
+                            builder.gep(
+                                xb_ptrs[gi],
+                                [
+                                    builder.add(
+                                        builder.mul(sb, ir.Constant(_I64, 4 * lanes)),
+                                        ir.Constant(_I64, p * lanes),
+                                    )
+                                ],
+                            ),
+                            ity,
                         )
+                        factor = builder.load(
+                            builder.gep(
+                                mp_ptr,
+                                [
+                                    builder.add(
+                                        builder.mul(row_sb[r], ir.Constant(_I64, 4)), ir.Constant(_I64, p)
+                                    )
+                                ],
+                            )
+                        )
+                        m = _pair_products(builder, path, m, xb, splat(builder, factor, lanes))
+                    dmin = splat(builder, builder.load(builder.gep(dm_ptr, [row_sb[r]])), lanes)
+                    mins[(r, gi)] = fma(
+                        builder, builder.fmul(dmin, xd), builder.sitofp(m, fty), min_phis[(r, gi)]
                     )
-                    m = _pair_products(builder, path, m, xb, splat(builder, factor, lanes))
-                dmin = splat(builder, builder.load(builder.gep(dm_ptr, [row_sb[r]])), lanes)
-                mins.append(fma(builder, builder.fmul(dmin, xd), builder.sitofp(m, fty), min_phis[r]))
         following = builder.add(sb, ir.Constant(_I64, 1))
         loop_end = builder.block
         builder.cbranch(builder.icmp_unsigned("<", following, n_sb), loop, done)
         sb.add_incoming(ir.Constant(_I64, 0), entry)
         sb.add_incoming(following, loop_end)
-        for phi, new in zip(acc_phis + min_phis, accs + mins, strict=True):
-            phi.add_incoming(zero_f, entry)
-            phi.add_incoming(new, loop_end)
+        for k in keys:
+            acc_phis[k].add_incoming(zero_f, entry)
+            acc_phis[k].add_incoming(accs[k], loop_end)
+            if has_min:
+                min_phis[k].add_incoming(zero_f, entry)
+                min_phis[k].add_incoming(mins[k], loop_end)
 
         builder.position_at_end(done)
-        finals = []
-        for new in accs + mins:  # every phi first, at the top of the block
+        final_acc, final_min = {}, {}
+        for k in keys:
             phi = builder.phi(fty)
             phi.add_incoming(zero_f, entry)
-            phi.add_incoming(new, loop_end)
-            finals.append(phi)
+            phi.add_incoming(accs[k], loop_end)
+            final_acc[k] = phi
+        if has_min:
+            for k in keys:
+                phi = builder.phi(fty)
+                phi.add_incoming(zero_f, entry)
+                phi.add_incoming(mins[k], loop_end)
+                final_min[k] = phi
         res_ptr = builder.bitcast(res.data, _F32.as_pointer())
-        for r in range(rows):
-            final = builder.fsub(finals[r], finals[rows + r]) if has_min else finals[r]
-            target = builder.gep(res_ptr, [ir.Constant(_I64, r * lanes)])
+        for r, gi in keys:
+            final = builder.fsub(final_acc[(r, gi)], final_min[(r, gi)]) if has_min else final_acc[(r, gi)]
+            target = builder.gep(res_ptr, [ir.Constant(_I64, (gi * rows + r) * lanes)])
             builder.store(final, builder.bitcast(target, fty.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return codegen
 
 
-def _make(kind: str, path: int):
+def _make(kind: str, path: int, groups: int = 1):
+    """The tile kernel of `kind` on `path` for `groups` groups of lanes a call (2: group g and g + 1, each
+    weight row's broadcast quads multiplied into both; res then holds group g's rows, then g + 1's)."""
     lanes = path_lanes(path)
     if path not in available_paths():
         path = PORTABLE
@@ -270,9 +345,9 @@ def _make(kind: str, path: int):
             (res, types.float32, 2),
         )
         sig = tile_signature(arrays, g, r0)
-        return None if sig is None else (sig, _codegen(kind, path, lanes, rows))
+        return None if sig is None else (sig, _codegen(kind, path, lanes, rows, groups))
 
-    typer.__name__ = f"{kind}_tile_{PATH_NAMES[path]}"
+    typer.__name__ = f"{kind}_tile{groups if groups > 1 else ''}_{PATH_NAMES[path]}"
     return intrinsic(typer)
 
 
@@ -409,6 +484,7 @@ q4_k_unpack, q5_k_unpack, q6_k_unpack = (_make_unpack(k) for k in KINDS)
 q4_k_tile_portable, q4_k_tile_avx2, q4_k_tile_vnni = (_make("q4_k", p) for p in (PORTABLE, AVX2, VNNI))
 q5_k_tile_portable, q5_k_tile_avx2, q5_k_tile_vnni = (_make("q5_k", p) for p in (PORTABLE, AVX2, VNNI))
 q6_k_tile_portable, q6_k_tile_avx2, q6_k_tile_vnni = (_make("q6_k", p) for p in (PORTABLE, AVX2, VNNI))
+q4_k_tile2_vnni, q5_k_tile2_vnni, q6_k_tile2_vnni = (_make(k, VNNI, 2) for k in KINDS)
 
 
 SHAPES = {path: (path_lanes(path), rows_per_call(path_lanes(path))) for path in (PORTABLE, AVX2, VNNI)}
@@ -479,6 +555,16 @@ def _tile_call(kind, path, wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0):
         q6_k_tile_portable(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
 
 
+@njit(inline="always", cache=True)
+def _pair_call(kind, wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0):
+    if kind == 0:
+        q4_k_tile2_vnni(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+    elif kind == 1:
+        q5_k_tile2_vnni(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+    else:
+        q6_k_tile2_vnni(wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+
+
 @njit(cache=True, parallel=True)
 def tiled_matmul(blocks, xp, xdp, xbp, n_b, out, kind, path, lanes, rows, threads):
     """out[:n_b] = the int8 product of K-quant `blocks` (kind 0 Q4_K, 1 Q5_K, 2 Q6_K) with the packed
@@ -492,6 +578,9 @@ def tiled_matmul(blocks, xp, xdp, xbp, n_b, out, kind, path, lanes, rows, thread
     groups = xp.shape[0]
     tiles = (n_out + TILE - 1) // TILE
     workers = max(1, min(threads, tiles))
+    # 16 lanes (AVX-512 VNNI): two groups of lanes a call where two are left, sharing each broadcast
+    paired = 2 if lanes == 16 else 1
+    units = (groups + paired - 1) // paired
     for worker in prange(workers):  # one scratch tile per worker, reused: allocations cost microseconds
         wq = np.zeros((TILE, n), np.int8)
         sc = np.zeros((TILE, n_sb, subs), np.int32)
@@ -499,7 +588,7 @@ def tiled_matmul(blocks, xp, xdp, xbp, n_b, out, kind, path, lanes, rows, thread
         dd = np.zeros((TILE, n_sb), np.float32)
         dm = np.zeros((TILE, n_sb), np.float32)
         mp = np.zeros((TILE, n_sb, 4), np.int32)
-        res = np.empty((rows, lanes), np.float32)
+        res = np.empty((2 * rows, lanes), np.float32)
         for t in range(worker, tiles, workers):
             o0 = t * TILE
             count = min(TILE, n_out - o0)
@@ -508,11 +597,19 @@ def tiled_matmul(blocks, xp, xdp, xbp, n_b, out, kind, path, lanes, rows, thread
             # the next tile's lines spread over every kernel call of this one: a burst of them at
             # once stalls the core until most arrive (measured at 16 activation rows, one group)
             calls = (count + rows - 1) // rows
-            for g in range(groups):
-                valid = min(lanes, n_b - g * lanes)
+            for u in range(units):
+                g = u * paired
+                together = min(paired, groups - g)
                 for c in range(calls):
-                    part = g * calls + c
-                    prefetch_rows_part(blocks, (t + workers) * TILE, following, part, groups * calls)
+                    part = u * calls + c
+                    prefetch_rows_part(blocks, (t + workers) * TILE, following, part, units * calls)
                     r0 = c * rows
-                    _tile_call(kind, path, wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
-                    store_tile(out, res, g * lanes, o0 + r0, min(rows, count - r0), valid)
+                    if together == 2:
+                        _pair_call(kind, wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+                    else:
+                        _tile_call(kind, path, wq, sc, corr, dd, dm, mp, xp, xdp, xbp, res, g, r0)
+                    for h in range(together):
+                        valid = min(lanes, n_b - (g + h) * lanes)
+                        store_tile(
+                            out, res[h * rows :], (g + h) * lanes, o0 + r0, min(rows, count - r0), valid
+                        )
