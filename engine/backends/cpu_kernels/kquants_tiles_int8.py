@@ -18,9 +18,10 @@ With 16 lanes a call takes two groups of them where two are left (a last odd gro
 broadcast quad of a weight row goes into both groups' sums, and the super-block's sub-blocks run in a
 loop of a few at a time (QUADS_PER_STEP) instead of unrolled whole. The vpdpbusd core runs two a cycle
 on the Intel VM of the README (413 GMAC/s a core, measured with a chain-free loop), where one group of
-four rows ran at about 40 % of that; with the pairs, 256 x 2048 activations against K-quant matrices
-from cache on 2 threads, 8192 x 2048: Q4_K 275-291 against 247-284 GMAC/s, Q6_K 280-319 against 239-283;
-2048 x 8192: Q4_K 320-324 against 272-298, Q6_K 313-333 against 258-271 (alternating, 3 rounds).
+four rows ran at about 40 % of that; with the pairs, 256 activation rows against K-quant matrices in
+memory (each tile read once per call, the packed activations from L2), 2 threads, 8192 x 2048: Q4_K
+275-291 against 247-284 GMAC/s, Q6_K 280-319 against 239-283; 2048 x 8192: Q4_K 320-324 against 272-298,
+Q6_K 313-333 against 258-271 (alternating, 3 rounds).
 """
 
 from __future__ import annotations
