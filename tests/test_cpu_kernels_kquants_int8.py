@@ -54,6 +54,49 @@ def test_q8_k_quantization_follows_llama_cpp() -> None:
     assert (np.abs(xq).max(axis=-1) == 127).all()
 
 
+def _peak_as_llama_cpp(block: np.ndarray) -> np.float32:
+    """quantize_row_q8_K_ref's loop: the first value whose magnitude beats every earlier one (a NaN
+    never does), 0 when none is above 0."""
+    amax, peak = np.float32(0.0), np.float32(0.0)
+    for v in block:
+        if abs(v) > amax:
+            amax, peak = abs(v), v
+    return peak
+
+
+@pytest.mark.parametrize("rows", [3, 40], ids=["serial", "parallel"])
+def test_q8_k_block_peak_follows_llama_cpp_at_the_edges(rows: int) -> None:
+    """The peak of each 256-block, found as an integer maximum of the magnitudes' bits, is llama.cpp's
+    on ties of opposite sign, NaN, signed zeros and subnormals, in the serial and the parallel version."""
+    x = _rows(7, rows)
+    x[0, 10], x[0, 20] = 5e3, -5e3  # a tie: the first one is the peak (maps to -127)
+    x[0, 256 + 30], x[0, 256 + 3] = -7e3, 7e3  # the positive one first this time
+    x[1, 5] = np.nan  # skipped, as the C loop's `ax > amax` skips it
+    x[1, 256:512] = np.nan  # a block of NaN only: scale 0, quants 0
+    x[2, :256] = -0.0  # signed zeros only: scale 0
+    x[2, 256:512] = 0.0
+    x[2, 300] = np.float32(1e-40)  # subnormals only, one of them the largest
+    x[2, 260] = np.float32(-3e-41)
+    x[rows - 1, 600] = np.float32(-1e-30)  # a small normal peak beside subnormals: iscale finite
+    x[rows - 1, 512:600] = np.float32(2e-41)
+    x[rows - 1, 601:768] = np.float32(-9e-41)
+    xq, xd, _ = quantize_activations_k(x)
+    blocks = x.reshape(rows, -1, 256)
+    with np.errstate(over="ignore"):  # a subnormal peak: -127 / peak overflows, in C as here
+        for b in range(rows):
+            for k in range(blocks.shape[1]):
+                peak = _peak_as_llama_cpp(blocks[b, k])
+                want = np.float32(0.0) if peak == 0 else np.float32(1.0) / (np.float32(-127.0) / peak)
+                assert xd[b, k] == want, (b, k)
+                finite = peak != 0 and np.isfinite(np.float32(-127.0) / peak)  # subnormal: iscale overflows
+                if finite and not np.isnan(blocks[b, k]).any():
+                    assert xq[b, 256 * k + int(np.argmax(blocks[b, k] == peak))] == -127
+        assert xd[0, 0] == np.float32(1.0) / (np.float32(-127.0) / np.float32(5e3))
+        assert xd[0, 1] == np.float32(1.0) / (np.float32(-127.0) / np.float32(7e3))
+        assert xd[1, 1] == 0 and not xq[1, 256:512].any() and xd[2, 0] == 0
+        assert xd[2, 1] == np.float32(1.0) / (np.float32(-127.0) / np.float32(1e-40))
+
+
 def test_matches_the_quantized_activation_reference(case: tuple[str, np.ndarray, np.ndarray]) -> None:
     type_name, blocks, w = case
     worst_q, worst_f = 0.0, 0.0

@@ -75,16 +75,40 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 QK_K = 256
 
 
+_MAGNITUDE = np.int32(0x7FFFFFFF)
+"""The bits of a float32 but its sign: as int32, ordered as the magnitudes are (NaN above infinity)."""
+_INFINITY_BITS = np.int32(0x7F800000)
+
+
 @njit(inline="always", cache=True)
-def _quantize_k_row(x, xq, xd, xb, b):
-    for k in range(x.shape[1] // QK_K):
+def _block_peak(x, bits, b, lo):
+    """The first value of largest magnitude in x[b, lo : lo + QK_K], 0 when all are zero; NaN skipped,
+    as llama.cpp's loop (`if (ax > amax)`) skips it. The largest magnitude is found as an integer
+    maximum of the bits (`bits`: row b's int32 view), which LLVM vectorises, where the loop that carries
+    the value beside its magnitude ran scalar (2.5x the time of the whole quantization at 2,048 wide)."""
+    top = np.int32(0)
+    for j in range(lo, lo + QK_K):
+        top = max(top, bits[j] & _MAGNITUDE)
+    if top > _INFINITY_BITS:  # a NaN in the block: the plain loop, which never picks it
         amax = np.float32(0.0)
         peak = np.float32(0.0)
-        for j in range(k * QK_K, k * QK_K + QK_K):
+        for j in range(lo, lo + QK_K):
             if abs(x[b, j]) > amax:
                 amax = abs(x[b, j])
                 peak = x[b, j]
-        if amax == 0:
+        return peak
+    for j in range(lo, lo + QK_K):
+        if (bits[j] & _MAGNITUDE) == top:
+            return x[b, j]
+    return np.float32(0.0)
+
+
+@njit(inline="always", cache=True)
+def _quantize_k_row(x, xq, xd, xb, b):
+    bits = x[b].view(np.int32)
+    for k in range(x.shape[1] // QK_K):
+        peak = _block_peak(x, bits, b, k * QK_K)
+        if peak == 0:
             xd[b, k] = np.float32(0.0)
             for j in range(k * QK_K, k * QK_K + QK_K):
                 xq[b, j] = np.int8(0)
