@@ -15,7 +15,7 @@ PARALLEL_ELEMENTS = 65536
 activations) splits its rows over the threads (each row on its own either way, so the bits are the
 same). Below it the thread pool's wake-up and join cost more than the split saves: at 16 streams of the
 135M default model (rows of 576) the parallel versions cost 6 % of the aggregate speed; from it a
-prefill chunk gains (256 rows of 8192 quantized in 2.0 instead of 3.9 ms)."""
+prefill chunk gains (256 rows of 8192 quantized per 256-block in 0.94 instead of 1.50 ms, Intel VM)."""
 
 
 def runs_parallel(rows: int, width: int) -> bool:
