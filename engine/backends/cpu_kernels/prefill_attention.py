@@ -124,15 +124,14 @@ def run_attention(
 
     # Longest blocks (the last rows see the most positions) first, so the threads finish together.
     jobs = [(kv, lo) for kv in range(kv_heads) for lo in range(0, length, BLOCK_ROWS)][::-1]
-    if pool is None:
-        for kv, lo in jobs:
-            block(kv, lo)
-        return
 
     def share(part: list[tuple[int, int]]) -> None:
         for kv, lo in part:
             block(kv, lo)
 
+    if pool is None:
+        share(jobs)
+        return
     # One task a thread, each every n-th block of the list: a task a block (32 a layer of the 1B shape)
     # cost more in hand-offs than the second core gained (a 256-row prefill of the 1B shape spent
     # 110-123 ms in attention that way, 87-95 ms this way, alternating in one process).
